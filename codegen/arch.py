@@ -1,0 +1,39 @@
+"""What flashgen knows about each GPU architecture it can target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str           # "sm_90"
+    family: str         # which kernel templates it runs: "sm80" (mma.sync + cp.async)
+    smem_limit: int     # bytes of shared memory one block may opt in to
+    max_registers: int  # per thread
+
+    @property
+    def gencode(self) -> str:
+        cc = self.name.removeprefix("sm_")
+        return f"-gencode=arch=compute_{cc},code=sm_{cc}"
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        cc = self.name.removeprefix("sm_")
+        return int(cc[:-1]), int(cc[-1])
+
+
+# Hopper runs the sm80 family (mma.sync) until a wgmma + TMA family exists.
+ARCHS = {
+    a.name: a
+    for a in (
+        Arch("sm_80", "sm80", smem_limit=166912, max_registers=255),
+        Arch("sm_86", "sm80", smem_limit=101376, max_registers=255),
+        Arch("sm_89", "sm80", smem_limit=101376, max_registers=255),
+        Arch("sm_90", "sm80", smem_limit=232448, max_registers=255),
+    )
+}
+
+
+def arch_for_capability(major: int, minor: int) -> str:
+    return f"sm_{major}{minor}"

@@ -1,0 +1,131 @@
+"""The config file: which kernels exist and their tile shapes (TOML -> frozen dataclasses).
+
+Layout of the file (see configs/default.toml):
+
+    dtypes = ["fp16", "bf16"]
+    causal = [false, true]
+    [arch.sm_90.head_dim.128]
+    block_m = 128
+    block_n = 64
+    warps = 4
+    kv_stages = 2
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen import resources
+from codegen.arch import ARCHS
+
+DTYPES = ("fp16", "bf16")
+MAX_HEAD_DIM = 256
+TILE_KEYS = ("block_m", "block_n", "warps", "kv_stages")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be built; the message names the key and the limit."""
+
+
+@dataclass(frozen=True, order=True)
+class Tile:
+    block_m: int
+    block_n: int
+    warps: int
+    kv_stages: int
+
+    @property
+    def suffix(self) -> str:
+        return f"m{self.block_m}n{self.block_n}w{self.warps}s{self.kv_stages}"
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path
+    dtypes: tuple[str, ...]
+    causal: tuple[bool, ...]
+    # (arch, head_dim) -> tile, sorted
+    tiles: tuple[tuple[tuple[str, int], Tile], ...]
+
+    def head_dims(self, arch: str) -> list[int]:
+        return sorted(hd for (a, hd), _ in self.tiles if a == arch)
+
+    @property
+    def archs(self) -> list[str]:
+        return sorted({a for (a, _), _ in self.tiles})
+
+
+def load_config(path: Path | str) -> Config:
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    return parse_config(raw, path)
+
+
+def parse_config(raw: dict, path: Path) -> Config:
+    def fail(where: str, message: str) -> ConfigError:
+        return ConfigError(f"{path}: {where}: {message}")
+
+    _reject_unknown(raw, {"dtypes", "causal", "arch"}, "top level", fail)
+    dtypes = raw.get("dtypes", list(DTYPES))
+    if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
+        raise fail("dtypes", f"{dtypes!r}: must be a non-empty list drawn from {list(DTYPES)}")
+    causal = raw.get("causal", [False, True])
+    if not isinstance(causal, list) or not causal or any(not isinstance(c, bool) for c in causal):
+        raise fail("causal", f"{causal!r}: must be a non-empty list of true/false")
+
+    arch_tables = raw.get("arch")
+    if not isinstance(arch_tables, dict) or not arch_tables:
+        raise fail("arch", "at least one [arch.sm_XX.head_dim.N] table is required")
+    tiles = {}
+    for arch, table in arch_tables.items():
+        if arch not in ARCHS:
+            raise fail(f"arch.{arch}", f"unknown arch; known: {', '.join(ARCHS)}")
+        _reject_unknown(table, {"head_dim"}, f"arch.{arch}", fail)
+        for hd_key, tile_table in table.get("head_dim", {}).items():
+            where = f"arch.{arch}.head_dim.{hd_key}"
+            head_dim = _parse_head_dim(hd_key, where, fail)
+            tiles[(arch, head_dim)] = _parse_tile(tile_table, head_dim, ARCHS[arch], where, fail)
+    return Config(path=path, dtypes=tuple(sorted(set(dtypes))),
+                  causal=tuple(sorted(set(causal))), tiles=tuple(sorted(tiles.items())))
+
+
+def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:
+    if not isinstance(table, dict):
+        raise fail(where, "must be a table")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _parse_head_dim(key: str, where: str, fail) -> int:
+    if not key.isdigit():
+        raise fail(where, f"head dim {key!r} is not a whole number")
+    head_dim = int(key)
+    if head_dim <= 0 or head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        raise fail(where, f"head dim {head_dim} must be a multiple of 8 in 8..{MAX_HEAD_DIM}")
+    return head_dim
+
+
+def _parse_tile(table, head_dim: int, arch, where: str, fail) -> Tile:
+    _reject_unknown(table, set(TILE_KEYS), where, fail)
+    missing = [k for k in TILE_KEYS if k not in table]
+    if missing:
+        raise fail(where, f"missing key(s) {missing}")
+    for key in TILE_KEYS:
+        value = table[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise fail(f"{where}.{key}", f"{value!r} must be a positive integer")
+    tile = Tile(**{k: table[k] for k in TILE_KEYS})
+    problems = resources.tile_problems(head_dim, tile.block_m, tile.block_n, tile.warps,
+                                       tile.kv_stages, arch.smem_limit)
+    if problems:
+        raise fail(where, "; ".join(problems))
+    return tile

@@ -1,0 +1,53 @@
+"""A kernel spec: one compiled kernel, one name, one generated file, one cache entry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from codegen.arch import ARCHS
+from codegen.config import Config, Tile
+
+
+@dataclass(frozen=True, order=True)
+class KernelSpec:
+    arch: str       # "sm_90": the gencode target and the config table the tile came from
+    dtype: str      # "fp16" | "bf16"
+    head_dim: int
+    causal: bool
+    tile: Tile
+
+    @cached_property
+    def name(self) -> str:
+        """Encodes every compile-time parameter, e.g. fwd_sm90_bf16_hd128_causal_m128n64w4s2."""
+        mask = "causal" if self.causal else "full"
+        arch = self.arch.replace("_", "")
+        return f"fwd_{arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.tile.suffix}"
+
+    @property
+    def family(self) -> str:
+        return ARCHS[self.arch].family
+
+    # Flat attribute access for templates and tables.
+    block_m = property(lambda self: self.tile.block_m)
+    block_n = property(lambda self: self.tile.block_n)
+    warps = property(lambda self: self.tile.warps)
+    kv_stages = property(lambda self: self.tile.kv_stages)
+
+
+def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None,
+                    causal=None) -> list[KernelSpec]:
+    """All specs of the config, sorted, optionally filtered (None keeps everything)."""
+    specs = [
+        KernelSpec(arch, dtype, head_dim, is_causal, tile)
+        for (arch, head_dim), tile in config.tiles
+        for dtype in config.dtypes
+        for is_causal in config.causal
+    ]
+    return sorted(
+        s for s in specs
+        if (archs is None or s.arch in archs)
+        and (head_dims is None or s.head_dim in head_dims)
+        and (dtypes is None or s.dtype in dtypes)
+        and (causal is None or s.causal in causal)
+    )

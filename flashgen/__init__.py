@@ -1,0 +1,17 @@
+"""flashgen: exact FlashAttention kernels generated for your head dims, dtypes and GPUs.
+
+    from flashgen import flash_attn_func, scaled_dot_product_attention
+
+Importing the package is cheap; torch is imported when a function is first used.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "__version__"]
+
+
+def __getattr__(name):
+    if name in ("flash_attn_func", "scaled_dot_product_attention"):
+        from flashgen import interface
+
+        return getattr(interface, name)
+    raise AttributeError(f"module 'flashgen' has no attribute {name!r}")

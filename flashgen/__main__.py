@@ -1,0 +1,3 @@
+from flashgen.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,24 @@
+"""The kernels the active config declares ($FLASHGEN_CONFIG or the default), per arch."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+from codegen import paths
+from codegen.config import Config, load_config
+from codegen.spec import KernelSpec, enumerate_specs
+
+
+@functools.cache
+def _load(path: Path) -> tuple[Config, tuple[KernelSpec, ...]]:
+    config = load_config(path)
+    return config, tuple(enumerate_specs(config))
+
+
+def active_config() -> Config:
+    return _load(paths.config_path())[0]
+
+
+def configured_specs() -> tuple[KernelSpec, ...]:
+    return _load(paths.config_path())[1]

@@ -1,0 +1,62 @@
+"""Argument checks of the public functions: a clear exception before any kernel launch."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def check_unsupported(**arguments) -> None:
+    """Arguments flashgen does not implement yet, given as name=(value, default)."""
+    for name, (value, default) in arguments.items():
+        if value is not default and value != default:
+            raise NotImplementedError(
+                f"flashgen: {name}={value!r} is not supported yet (only {name}={default!r})")
+
+
+def check_tensors(names: tuple[str, str, str], q, k, v) -> str:
+    """q, k, v: CUDA tensors of one supported dtype on one device, rank 4, head dim contiguous.
+    Returns the dtype's short name."""
+    for name, t in zip(names, (q, k, v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in zip(names, (q, k, v)):
+        if t.device.type != "cuda":
+            raise ValueError(f"flashgen: {name} is on {t.device}; flashgen runs on CUDA tensors "
+                             f"(move them with .cuda())")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"flashgen: {names[0]}, {names[1]}, {names[2]} must be on one device, "
+                         f"got {q.device}, {k.device}, {v.device}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"flashgen: {names[0]}, {names[1]}, {names[2]} must have one dtype, got "
+                        f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"flashgen: dtype {q.dtype} is not supported; use torch.float16 or "
+                        f"torch.bfloat16 (casting, e.g. q.to(torch.bfloat16), is the caller's "
+                        f"choice)")
+    for name, t in zip(names, (q, k, v)):
+        if t.dim() != 4:
+            raise ValueError(f"flashgen: {name} must have 4 dimensions, got shape "
+                             f"{tuple(t.shape)}")
+        if t.stride(-1) != 1 and t.shape[-1] > 1:
+            raise ValueError(f"flashgen: {name}'s last dimension must be contiguous (stride 1), "
+                             f"got strides {t.stride()}; pass {name}.contiguous()")
+    return SUPPORTED_DTYPES[q.dtype]
+
+
+def check_scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    scale = float(softmax_scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"flashgen: softmax_scale must be a finite positive number, got "
+                         f"{softmax_scale!r} (None means 1/sqrt(head_dim))")
+    return scale
+
+
+def is_aligned(t: torch.Tensor) -> bool:
+    """16-byte loads need the base address and every stride at a multiple of 8 elements."""
+    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# One call on a CUDA machine: build the default kernels for its arch, run the GPU tests, benchmark.
+#   bash scripts/gpu_check.sh [pytest args...]
+# Logs go to $OUT (the device tool sets it) or ./gpu-logs. Wheels in .whl/ (nvidia-cutlass for a
+# machine without network) are installed first; the checkout is used in place.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export FLASHGEN_CACHE_DIR=${FLASHGEN_CACHE_DIR:-/tmp/flashgen-cache}
+arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capability())')
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+
+python3 -m flashgen generate --arch "$arch" --jobs "$(nproc)" 2>&1 | tee "$OUT/generate.log" \
+  | grep -v '^\[' ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "generate failed"; tail -50 "$OUT/generate.log"; exit 1; }
+python3 -m pytest tests -q -rs "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
+[ -n "${SKIP_SANITIZE:-}" ] || bash scripts/sanitize.sh
+[ -n "${SKIP_BENCH:-}" ] || python3 -m flashgen bench --seqlen 4096 2>&1 | tee "$OUT/bench.log"

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# compute-sanitizer (memcheck, racecheck, initcheck) over flashgen's forward kernels at odd sizes.
+# Run after scripts/gpu_check.sh has built the kernels (same environment variables).
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu-logs}
+mkdir -p "$OUT"
+status=0
+for tool in memcheck racecheck initcheck; do
+  compute-sanitizer --tool "$tool" --kernel-name kns=fwd_kernel --error-exitcode 3 \
+    python3 scripts/sanitize_driver.py > "$OUT/sanitize-$tool.log" 2>&1
+  rc=$?
+  echo "$tool (exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|checked calls' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
+  [ $rc = 0 ] || { status=1; grep -m 20 -E '=====' "$OUT/sanitize-$tool.log"; }
+done
+exit $status

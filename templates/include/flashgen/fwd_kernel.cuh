@@ -1,0 +1,198 @@
+// The forward attention kernel (FlashAttention-2 design on mma.sync): one thread block per
+// (batch, head, block of block_m query rows). The Q tile stays in shared memory; K and V tiles
+// stream through a ring of kv_stages cp.async buffers, newest-to-oldest so that the tiles that
+// need masking come first; S = Q K^T and O += P V run on mma.m16n8k16 with fp32 accumulators.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashgen/copy.cuh"
+#include "flashgen/fwd_traits.cuh"
+#include "flashgen/gemm.cuh"
+#include "flashgen/mask.cuh"
+#include "flashgen/params.h"
+#include "flashgen/softmax.cuh"
+
+namespace flashgen {
+
+using namespace cute;
+
+template <class Traits, bool kCausal>
+__global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimPadded = Traits::kHeadDimPadded;
+  constexpr int kKvStages = Traits::kKvStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDimPadded>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDimPadded>>;
+
+  extern __shared__ char smem[];
+  const int tid = threadIdx.x;
+
+  // A 1-D grid (no 65535 limit on batch * heads), query blocks fastest so that the blocks that
+  // share one head's K and V run together and hit L2. The last query block runs first: under
+  // causal masking it has the most work, and the short ones then fill the tail.
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = num_m_blocks - 1 - int(blockIdx.x % num_m_blocks);
+  const int batch_head = int(blockIdx.x / num_m_blocks);
+  const int batch = batch_head / p.heads;
+  const int head = batch_head % p.heads;
+  const int head_kv = head / (p.heads / p.heads_kv);
+
+  // Key blocks this query block needs: all of them, or under causal masking those up to the
+  // last row's diagonal. None (rows that see no key) still runs the epilogue: O = 0, lse = -inf.
+  const int rows_in_block = min(kBlockM, p.seqlen_q - m_block * kBlockM);
+  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  if constexpr (kCausal) {
+    const int last_visible_col = m_block * kBlockM + rows_in_block - 1 + p.causal_offset;
+    n_block_max = last_visible_col < 0 ? 0 : min(n_block_max, last_visible_col / kBlockN + 1);
+  }
+
+  // Global memory, (rows, head_dim) for this batch and head.
+  const auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
+                      head * p.q_head_stride;
+  const auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
+                      head_kv * p.k_head_stride;
+  const auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
+                      head_kv * p.v_head_stride;
+  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(p.q_row_stride, _1{}));
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.k_row_stride, _1{}));
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(p.v_row_stride, _1{}));
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(p.o_row_stride, _1{}));
+  Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));   // (BLK_M, HDP)
+  Tensor gO = local_tile(mO, TileQ{}, make_coord(m_block, 0));   // (BLK_M, HDP)
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));        // (BLK_N, HDP, n_blocks)
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));        // (BLK_N, HDP, n_blocks)
+
+  // Shared memory: Q, then the K ring, then the V ring.
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
+                          typename Traits::SmemLayoutQ{});                  // (BLK_M, HDP)
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});  // (BLK_N, HDP, S)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});  // (BLK_N, HDP, S)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (HDP, BLK_N, S)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});           // (BLK_M, HDP)
+
+  // Global -> shared partitions, with each element's (row, col) for predication.
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr.partition_S(gQ);  // (CPY, CPY_M, CPY_K)
+  Tensor tQsQ = gmem_thr.partition_D(sQ);
+  Tensor tKgK = gmem_thr.partition_S(gK);  // (CPY, CPY_N, CPY_K, n_blocks)
+  Tensor tKsK = gmem_thr.partition_D(sK);  // (CPY, CPY_N, CPY_K, S)
+  Tensor tVgV = gmem_thr.partition_S(gV);
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));     // (CPY, CPY_M, CPY_K)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_K)
+
+  auto load_kv = [&](int n_block, int stage) {
+    const int rows = p.seqlen_k - n_block * kBlockN;
+    copy_tile<true, kHeadDim>(gmem_copy, tKgK(_, _, _, n_block), tKsK(_, _, _, stage), tKVcKV, rows);
+    copy_tile<true, kHeadDim>(gmem_copy, tVgV(_, _, _, n_block), tVsV(_, _, _, stage), tKVcKV, rows);
+  };
+
+  // MMA partitions and register fragments.
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);                 // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK(_, _, 0));        // (MMA, MMA_N, MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt(_, _, 0));      // (MMA, MMA_K, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});       // (MMA, MMA_M, MMA_K)
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  clear(acc_o);
+
+  // Shared -> register copies (ldmatrix), laid out to match the MMA fragments.
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);    // (CPY, CPY_M, CPY_K)
+  Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);    // (CPY, CPY_N, CPY_K, S)
+  Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);  // (CPY, CPY_K, CPY_N, S)
+
+  // Prologue: Q, then kv_stages - 1 key/value tiles in flight, one commit group per tile (Q
+  // rides with the first). Empty groups keep the count uniform for cp_async_wait below.
+  copy_tile<true, kHeadDim>(gmem_copy, tQgQ, tQsQ, tQcQ, rows_in_block);
+  const int n_tiles = n_block_max;
+  CUTE_UNROLL
+  for (int stage = 0; stage < kKvStages - 1; ++stage) {
+    if (stage < n_tiles) load_kv(n_block_max - 1 - stage, stage);
+    cp_async_fence();
+  }
+
+  OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+  int smem_pipe_read = 0;
+  int smem_pipe_write = kKvStages - 1;
+
+  CUTE_NO_UNROLL
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int n_block = n_block_max - 1 - tile;
+    cp_async_wait<kKvStages - 2>();
+    __syncthreads();
+    // Every warp is past the previous tile, so its buffer can take the tile kv_stages - 1 ahead.
+    if (tile + kKvStages - 1 < n_tiles) load_kv(n_block - (kKvStages - 1), smem_pipe_write);
+    cp_async_fence();
+
+    // S = Q K^T
+    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+    clear(acc_s);
+    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
+            smem_copy_k);
+    if (tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
+                                                   p.causal_offset)) {
+      apply_mask<kCausal>(acc_s, tScS, m_block * kBlockM, n_block * kBlockN, p.seqlen_k,
+                          p.causal_offset);
+    }
+    softmax.update(acc_s, acc_o, p.scale_log2);
+
+    // O += P V, with P converted to the input type and kept in registers.
+    Tensor p_regs = make_tensor_like<Element>(acc_s);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
+    Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
+    gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, smem_pipe_read), smem_copy_v);
+
+    smem_pipe_write = smem_pipe_read;
+    smem_pipe_read = smem_pipe_read + 1 == kKvStages ? 0 : smem_pipe_read + 1;
+  }
+  // Every thread's copies have landed before O overwrites Q's shared memory. The loop's barrier
+  // does not cover a block that ran no tile (rows that see no key): without this one, another
+  // thread's Q copy could land on top of the staged output.
+  cp_async_wait<0>();
+  __syncthreads();
+
+  // Epilogue: normalise, write lse per row, stage O through shared memory and store it with
+  // 16-byte coalesced writes.
+  softmax.finalize(acc_o, p.softmax_scale);
+
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_K)
+  Tensor row_coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
+  if (tid % 4 == 0) {
+    float* lse_ptr = p.softmax_lse + (int64_t(batch) * p.heads + head) * p.seqlen_q;
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(row_coords); ++r) {
+      const int row = m_block * kBlockM + get<0>(row_coords(r, 0));
+      if (row < p.seqlen_q) lse_ptr[row] = softmax.row_max[r];
+    }
+  }
+
+  Tensor o_regs = make_tensor_like<Element>(acc_o);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) o_regs(i) = Element(acc_o(i));
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto thr_copy_o = smem_copy_o.get_thread_slice(tid);
+  copy(smem_copy_o, thr_copy_o.retile_S(o_regs), thr_copy_o.partition_D(sO));
+  __syncthreads();
+
+  typename Traits::GmemTiledCopyO gmem_copy_o;
+  auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
+  copy_tile<false, kHeadDim>(gmem_copy_o, gmem_thr_o.partition_S(sO), gmem_thr_o.partition_D(gO),
+                             gmem_thr_o.partition_S(make_identity_tensor(TileQ{})), rows_in_block);
+}
+
+}  // namespace flashgen

@@ -1,0 +1,31 @@
+// Run-time arguments of the forward kernel. Plain data: the Python binding fills it, the kernel
+// reads it. No torch, pybind11 or CUDA types, so the binding compiles with a host compiler alone.
+#pragma once
+
+#include <cstdint>
+
+namespace flashgen {
+
+struct FwdParams {
+  const void* q;  // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
+  const void* k;  // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;  // (batch, seqlen_k, heads_kv, head_dim)
+  void* o;        // (batch, seqlen_q, heads, head_dim)
+  float* softmax_lse;  // (batch, heads, seqlen_q), contiguous, natural log
+
+  // Strides in elements. 64-bit: batch * stride can pass 2^31 on large inputs.
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+
+  int batch, heads, heads_kv, seqlen_q, seqlen_k;
+
+  float softmax_scale;  // applied to q.k
+  float scale_log2;     // softmax_scale * log2(e): the softmax runs on exp2
+  // Causal only: query row i sees key j iff j <= i + causal_offset. seqlen_k - seqlen_q aligns the
+  // mask to the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA).
+  int causal_offset;
+};
+
+}  // namespace flashgen

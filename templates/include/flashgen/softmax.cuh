@@ -1,0 +1,99 @@
+// Online softmax over the score tiles of one block of query rows (FlashAttention-2): a running
+// row max and row sum, the output accumulator rescaled when the max grows, exp2 with the softmax
+// scale folded into one FMA.
+#pragma once
+
+#include <cmath>
+#include <cute/tensor.hpp>
+
+namespace flashgen {
+
+using namespace cute;
+
+// An mma.m16n8k16 accumulator ((2 cols, 2 rows), MMA_M, MMA_N) seen as (rows, cols):
+// ((2, MMA_M), (2, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ constexpr auto rowcol_layout(Layout const& acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  static_assert(decltype(size<0>(acc))::value == 4);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<2>(acc)));
+}
+
+// The same accumulator as the A operand of the next mma: two 8-column C tiles form one 16-deep
+// k-slice, ((2, 2), 2), MMA_M, MMA_N / 2).
+template <class Layout>
+__device__ __forceinline__ constexpr auto acc_as_a_layout(Layout const& acc) {
+  static_assert(decltype(size<2>(acc))::value % 2 == 0);
+  auto l = logical_divide(acc, Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+}
+
+// A row's values are spread over the 4 threads of a quad (lanes 4r .. 4r+3).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 2);
+  return x + __shfl_xor_sync(0xffffffff, x, 1);
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];  // this thread's share; summed over the quad in finalize()
+
+  __device__ __forceinline__ OnlineSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  // Turns the scores into unnormalised probabilities in place and rescales acc_o to the new max.
+  template <class Scores, class AccO>
+  __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale_log2) {
+    Tensor s = make_tensor(scores.data(), rowcol_layout(scores.layout()));  // (rows, cols)
+    Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));    // (rows, head_dim)
+    static_assert(decltype(size<0>(s))::value == kRows);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float tile_max = row_max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) tile_max = fmaxf(tile_max, s(r, c));
+      tile_max = quad_max(tile_max);
+      // A row that has seen no key yet keeps max -inf; 0 as the base gives exp2(-inf) = 0
+      // instead of exp2(-inf - -inf) = NaN.
+      const float base = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
+      const float correction = exp2f(row_max[r] * scale_log2 - base);
+      row_max[r] = tile_max;
+      row_sum[r] *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - base);
+        row_sum[r] += s(r, c);
+      }
+    }
+  }
+
+  // Normalises acc_o and returns each row's log-sum-exp (natural log) in row_max.
+  // A row that saw no key gets output 0 and lse -inf.
+  template <class AccO>
+  __device__ __forceinline__ void finalize(AccO& acc_o, float softmax_scale) {
+    Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = quad_sum(row_sum[r]);
+      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv_sum;
+      row_max[r] = sum == 0.f ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+    }
+  }
+};
+
+}  // namespace flashgen

@@ -1,0 +1,55 @@
+"""A readable attention reference and FlashAttention-2's tolerance rule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True):
+    """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
+    (batch, seqlen_k, heads_kv, dim). Query row i sees key j iff j <= i + causal_offset
+    (default seqlen_k - seqlen_q: bottom-right). upcast=True computes in fp32 (the reference);
+    upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
+    would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
+    -inf and output 0 for rows that see no key)."""
+    dtype = q.dtype
+    seqlen_q, heads, dim = q.shape[1], q.shape[2], q.shape[3]
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(dim)
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    k = k.repeat_interleave(heads // heads_kv, dim=2)
+    v = v.repeat_interleave(heads // heads_kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).float() * scale
+    if causal:
+        offset = seqlen_k - seqlen_q if causal_offset is None else causal_offset
+        row = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+        col = torch.arange(seqlen_k, device=q.device).view(1, -1)
+        scores = scores.masked_fill(col > row + offset, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
+    out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
+    return out.to(dtype), lse
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Max |actual - expected| over finite entries; the infinite ones must match exactly."""
+    actual, expected = actual.float(), expected.float()
+    inf = torch.isinf(expected)
+    assert torch.equal(inf, torch.isinf(actual)), "infinities differ"
+    assert torch.equal(actual[inf], expected[inf]), "infinities differ in sign"
+    if (~inf).sum() == 0:
+        return 0.0
+    diff = (actual[~inf] - expected[~inf]).abs()
+    assert not torch.isnan(diff).any(), "NaN in the output"
+    return diff.max().item()
+
+
+def assert_close_fa2(actual, reference, same_dtype_reference, name="out", eps=1e-5):
+    """FlashAttention-2's rule: error vs the fp32 reference at most twice PyTorch's own error in
+    the same dtype, plus eps."""
+    error = max_error(actual, reference)
+    budget = 2 * max_error(same_dtype_reference, reference) + eps
+    assert error <= budget, f"{name}: max error {error:.3e} > allowed {budget:.3e}"
