@@ -12,6 +12,7 @@ before they are loaded, so a killed build or a truncated file is rebuilt, never 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import functools
 import hashlib
@@ -190,6 +191,12 @@ def _publish(spec: KernelSpec, built_lib: Path, final: Path, nvcc: str) -> Entry
     return Entry(spec, final)
 
 
+def _die_with_parent() -> None:
+    """Linux: a build whose Python process is killed stops instead of running on unowned."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+
+
 def run_ninja(build_dir: Path, jobs: int | None, log: Callable[[str], None]) -> tuple[bool, str]:
     ninja_bin = shutil.which("ninja")
     if ninja_bin is None:
@@ -199,7 +206,7 @@ def run_ninja(build_dir: Path, jobs: int | None, log: Callable[[str], None]) -> 
         cmd += ["-j", str(jobs)]
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
+                            env=env, preexec_fn=_die_with_parent)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:

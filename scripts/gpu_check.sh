@@ -13,7 +13,8 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export FLASHGEN_CACHE_DIR=${FLASHGEN_CACHE_DIR:-/tmp/flashgen-cache}
 arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capability())')
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+{ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
+  nvcc --version | tail -2; python3 -c 'import torch; print("torch", torch.__version__)'; } | tee "$OUT/gpu.txt"
 
 python3 -m flashgen generate --arch "$arch" --jobs "$(nproc)" 2>&1 | tee "$OUT/generate.log" \
   | grep -v '^\[' ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "generate failed"; tail -50 "$OUT/generate.log"; exit 1; }

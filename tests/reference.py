@@ -29,7 +29,9 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
         col = torch.arange(seqlen_k, device=q.device).view(1, -1)
         scores = scores.masked_fill(col > row + offset, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key: 0
+    probs = torch.softmax(scores, dim=-1)
+    sees_no_key = torch.isneginf(scores).all(dim=-1, keepdim=True)
+    probs = probs.masked_fill(sees_no_key, 0.0)  # softmax gives NaN there; the output is 0
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     return out.to(dtype), lse
 

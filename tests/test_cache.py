@@ -1,0 +1,155 @@
+"""The build cache under concurrency, kills, corruption and compiler errors. A fake nvcc stands in
+for the real one, so these run in seconds on any machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from codegen import build, paths
+from codegen.config import load_config
+from codegen.spec import enumerate_specs
+
+FAKE_NVCC = textwrap.dedent("""\
+    #!{python}
+    import os, sys, time
+    args = sys.argv[1:]
+    if "--version" in args:
+        print("Cuda compilation tools, release 0.0, fake nvcc for flashgen's tests")
+        sys.exit(0)
+    mode = os.environ.get("FAKE_NVCC_MODE", "ok")
+    if mode == "fail":
+        print("kernel.cu(42): error: planted template error", file=sys.stderr)
+        sys.exit(1)
+    if mode == "slow":
+        time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "2")))
+    out = args[args.index("-o") + 1]
+    with open(out, "wb") as f:
+        f.write(b"fake binary of " + args[-3].encode())
+""")
+
+SPECS = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_90"], dtypes=["bf16"],
+                        causal=[False])
+
+
+@pytest.fixture
+def fake_toolchain(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "cuda" / "bin"
+    bin_dir.mkdir(parents=True)
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable))
+    nvcc.chmod(0o755)
+    env = {"CUDA_HOME": str(tmp_path / "cuda"), "FLASHGEN_CACHE_DIR": str(tmp_path / "cache")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    build.nvcc_version.cache_clear()
+    yield dict(os.environ, **env)
+    build.nvcc_version.cache_clear()
+
+
+def build_in_subprocess(env, spec_index: int, **extra_env) -> subprocess.Popen:
+    code = (f"from tests.test_cache import SPECS; from codegen import build; "
+            f"build.build([SPECS[{spec_index}]])")
+    return subprocess.Popen([sys.executable, "-c", code], env=dict(env, **extra_env),
+                            cwd=paths.REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def entries(spec) -> list[Path]:
+    return sorted(p for p in build.arch_dir(spec.arch).glob(f"{spec.name}-*"))
+
+
+def test_build_publishes_one_verified_entry_and_reuses_it(fake_toolchain):
+    spec = SPECS[0]
+    (entry,) = build.build([spec])
+    assert entry.lib.is_file() and (entry.path / "meta.json").is_file()
+    mtime = entry.lib.stat().st_mtime_ns
+    (again,) = build.build([spec])  # cached: no compile
+    assert again.path == entry.path and again.lib.stat().st_mtime_ns == mtime
+    assert build.find_entry(spec).path == entry.path
+
+
+def test_two_processes_building_the_same_spec_both_succeed(fake_toolchain):
+    spec = SPECS[0]
+    procs = [build_in_subprocess(fake_toolchain, 0, FAKE_NVCC_MODE="slow") for _ in range(2)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert len(entries(spec)) == 1 and build.find_entry(spec) is not None
+    assert sum("compiling 1 kernel" in out for out in outputs) == 1, outputs  # one compiled
+
+
+def test_a_build_killed_half_way_leaves_nothing_that_loads(fake_toolchain):
+    spec = SPECS[1]
+    proc = build_in_subprocess(fake_toolchain, 1, FAKE_NVCC_MODE="slow", FAKE_NVCC_SLEEP="60")
+    build_file = build.arch_dir(spec.arch) / ".build" / "build.ninja"
+    deadline = time.monotonic() + 60
+    while not build_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    assert build.find_entry(spec) is None and entries(spec) == []
+    (entry,) = build.build([spec])  # the lock died with its holder; the next build works
+    assert build.find_entry(spec).path == entry.path
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete_meta"])
+def test_a_corrupted_entry_is_detected_and_rebuilt(fake_toolchain, damage):
+    spec = SPECS[0]
+    (entry,) = build.build([spec])
+    if damage == "truncate":
+        entry.lib.write_bytes(entry.lib.read_bytes()[:5])
+    elif damage == "flip":
+        data = bytearray(entry.lib.read_bytes())
+        data[0] ^= 0xFF
+        entry.lib.write_bytes(bytes(data))
+    else:
+        (entry.path / "meta.json").unlink()
+    assert build.find_entry(spec) is None
+    assert not entry.path.exists()  # the bad entry is removed, never loaded
+    (rebuilt,) = build.build([spec])
+    assert build.find_entry(spec).path == rebuilt.path
+
+
+def test_a_compiler_error_is_reported_with_its_command_and_spares_the_cache(fake_toolchain,
+                                                                            monkeypatch):
+    good, bad = SPECS[0], SPECS[1]
+    (good_entry,) = build.build([good])
+    monkeypatch.setenv("FAKE_NVCC_MODE", "fail")
+    with pytest.raises(build.BuildError) as info:
+        build.build([bad])
+    message = str(info.value)
+    assert "planted template error" in message  # the compiler's own words
+    assert "nvcc" in message and f"{bad.name}.cu" in message  # the command line
+    assert bad.name in message.splitlines()[0]
+    assert build.find_entry(bad) is None
+    assert build.find_entry(good).path == good_entry.path
+
+
+def test_without_nvcc_an_entry_built_from_the_same_sources_still_loads(fake_toolchain,
+                                                                       monkeypatch, tmp_path):
+    spec = SPECS[0]
+    (entry,) = build.build([spec])
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    build.nvcc_version.cache_clear()
+    assert build.find_entry(spec).path == entry.path
+    with pytest.raises(build.BuildError, match="nvcc not found"):
+        build.build([SPECS[1]])
+
+
+def test_lock_timeout_names_the_lock_and_its_holder(tmp_path):
+    lock = tmp_path / ".lock"
+    with build.cache_lock(lock):
+        code = (f"from codegen import build; from pathlib import Path\n"
+                f"with build.cache_lock(Path({str(lock)!r}), timeout=0.5): pass")
+        result = subprocess.run([sys.executable, "-c", code], cwd=paths.REPO_ROOT,
+                                capture_output=True, text=True)
+    assert result.returncode != 0
+    assert str(lock) in result.stderr and f"pid {os.getpid()}" in result.stderr

@@ -1,0 +1,63 @@
+"""The flashgen command, without a GPU and without compiling."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from codegen import paths
+from flashgen import __version__
+from flashgen.cli import main
+
+
+def test_version():
+    result = subprocess.run([sys.executable, "-m", "flashgen", "--version"], capture_output=True,
+                            text=True, cwd=paths.REPO_ROOT)
+    assert result.returncode == 0 and result.stdout.strip() == f"flashgen {__version__}"
+
+
+def test_generate_dry_run_renders_the_config(tmp_path, capsys):
+    assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
+    assert "rendered 48 kernel(s)" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("sm_90/*.cu"))) == 24 and (tmp_path / "manifest.json").is_file()
+
+
+def test_generate_without_arch_asks_for_one(tmp_path, capsys):
+    assert main(["generate", "--out", str(tmp_path)]) == 2
+    assert "pass --arch" in capsys.readouterr().err
+
+
+def test_generate_filters_that_match_nothing(tmp_path, capsys):
+    assert main(["generate", "--arch", "sm_90", "--head-dim", "72", "--out", str(tmp_path)]) == 2
+    assert "no configured kernel matches" in capsys.readouterr().err
+
+
+def test_bad_config_is_reported_not_raised(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[arch.sm_90.head_dim.84]\nblock_m = 128\nblock_n = 64\nwarps = 4\n"
+                   "kv_stages = 2\n")
+    assert main(["generate", "--dry-run", "--config", str(bad), "--out", str(tmp_path)]) == 1
+    assert "head dim 84 must be a multiple of 8" in capsys.readouterr().err
+
+
+def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in out and "not built" in out
+    assert "4 kernel(s)" in out
+
+
+def test_unknown_arch_is_rejected():
+    with pytest.raises(SystemExit):
+        main(["generate", "--arch", "sm_99"])
+
+
+def test_bench_needs_a_gpu(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the bench itself runs in scripts/gpu_check.sh")
+    assert main(["bench"]) == 1
+    assert "no CUDA GPU" in capsys.readouterr().err

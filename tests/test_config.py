@@ -1,0 +1,69 @@
+"""Config validation: good configs load, bad ones fail naming the key and the limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen import paths
+from codegen.config import ConfigError, Tile, load_config
+
+TILE = "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return path
+
+
+def test_default_config_declares_the_documented_head_dims():
+    config = load_config(paths.DEFAULT_CONFIG)
+    assert config.archs == ["sm_80", "sm_90"]
+    for arch in config.archs:
+        assert config.head_dims(arch) == [32, 64, 96, 128, 192, 256]
+    assert config.dtypes == ("bf16", "fp16") and config.causal == (False, True)
+
+
+def test_minimal_config(tmp_path):
+    config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.80]\n{TILE}"))
+    assert config.tiles == ((("sm_90", 80), Tile(128, 64, 4, 2)),)
+
+
+@pytest.mark.parametrize("text, message", [
+    (f"[arch.sm_90.head_dim.84]\n{TILE}", "multiple of 8"),
+    (f"[arch.sm_90.head_dim.264]\n{TILE}", "multiple of 8 in 8..256"),
+    (f"[arch.sm_90.head_dim.abc]\n{TILE}", "not a whole number"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}colour = 1\n", r"unknown key\(s\) \['colour'\]"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 128\n", "missing key"),
+    (f"[arch.sm_99.head_dim.64]\n{TILE}", "unknown arch"),
+    (f"extra = 1\n[arch.sm_90.head_dim.64]\n{TILE}", "top level"),
+    (f"dtypes = ['fp8']\n[arch.sm_90.head_dim.64]\n{TILE}", "dtypes"),
+    (f"causal = [1]\n[arch.sm_90.head_dim.64]\n{TILE}", "causal"),
+    ("dtypes = ['bf16']\n", "at least one"),
+    ("[arch.sm_90.head_dim.256]\nblock_m = 256\nblock_n = 128\nwarps = 8\nkv_stages = 3\n",
+     "shared memory .* exceeds the arch limit of 232448"),
+    ("[arch.sm_80.head_dim.256]\nblock_m = 128\nblock_n = 64\nwarps = 8\nkv_stages = 2\n",
+     "exceeds the arch limit of 166912"),
+    ("[arch.sm_90.head_dim.256]\nblock_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n",
+     "accumulator registers"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 96\nblock_n = 64\nwarps = 4\nkv_stages = 2\n",
+     "multiple of 16 \\* warps"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 128\nblock_n = 40\nwarps = 4\nkv_stages = 2\n",
+     "block_n = 40 must be a multiple of 16"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 1\n",
+     "kv_stages = 1 must be at least 2"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 128\nblock_n = 64\nwarps = 0\nkv_stages = 2\n",
+     "warps: 0 must be a positive integer"),
+    ("[arch.sm_90.head_dim.64]\nblock_m = 128\nblock_n = 64.0\nwarps = 4\nkv_stages = 2\n",
+     "block_n: 64.0 must be a positive integer"),
+    ("not toml = = 1", "not valid TOML"),
+])
+def test_invalid_configs_are_rejected(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(write(tmp_path, text))
+    assert str(tmp_path) in str(info.value)  # names the file
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "absent.toml")

@@ -1,0 +1,26 @@
+"""nvcc compiles one forward spec per arch family target to an object file: catches template
+errors on machines without a GPU. The slowest CPU test (about a minute per kernel per core)."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen import build, paths
+from codegen.config import load_config
+from codegen.spec import enumerate_specs
+
+pytestmark = pytest.mark.nvcc
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc is not installed")
+def test_one_forward_spec_per_arch_compiles_to_an_object(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    config = load_config(paths.DEFAULT_CONFIG)
+    # Causal (the masking path) at head dim 96, which pads its shared-memory rows: the most
+    # template code per kernel.
+    specs = enumerate_specs(config, head_dims=[96], dtypes=["bf16"], causal=[True])
+    assert [s.arch for s in specs] == ["sm_80", "sm_90"]
+    build.build(specs, objects_only=True)
+    for spec in specs:
+        objects = list((tmp_path / spec.arch / ".build" / "obj").glob(f"{spec.name}-*.o"))
+        assert len(objects) == 1 and objects[0].stat().st_size > 10_000

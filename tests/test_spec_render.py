@@ -1,0 +1,62 @@
+"""Specs, names and rendering: deterministic, and the committed generated/ matches the config."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen import paths, render
+from codegen.config import load_config
+from codegen.spec import enumerate_specs
+
+
+@pytest.fixture(scope="module")
+def specs():
+    return enumerate_specs(load_config(paths.DEFAULT_CONFIG))
+
+
+def test_spec_count_is_the_product_of_the_axes(specs):
+    # 2 archs x 6 head dims x 2 dtypes x 2 causal
+    assert len(specs) == 48
+    assert len({s.name for s in specs}) == 48
+
+
+def test_name_encodes_every_compile_time_parameter(specs):
+    spec = next(s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
+                and s.causal)
+    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n64w4s2"
+
+
+def test_filters(specs):
+    config = load_config(paths.DEFAULT_CONFIG)
+    chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
+                             causal=[False])
+    assert [s.name for s in chosen] == ["fwd_sm90_fp16_hd64_full_m128n64w4s3"]
+
+
+def test_render_is_deterministic_and_instantiates_the_spec(specs):
+    spec = specs[0]
+    text = render.render_spec(spec)
+    assert text == render.render_spec(spec)
+    assert f'extern "C" int {spec.name}(' in text
+    assert f"FwdTraits<{spec.head_dim}, {spec.block_m}, {spec.block_n}, {spec.warps}, " \
+           f"{spec.kv_stages}, " in text
+
+
+def test_render_tree_writes_only_changes_and_removes_stale_files(tmp_path, specs):
+    changed = render.render_tree(specs, tmp_path)
+    assert len(changed) == len(specs) + 1  # every source and the manifest
+    assert render.render_tree(specs, tmp_path) == []
+    stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
+    stale.write_text("// old")
+    assert render.render_tree(specs, tmp_path) == [stale] and not stale.exists()
+
+
+def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
+    """The drift check: rerun `flashgen generate --dry-run` and commit generated/ if this fails."""
+    render.render_tree(specs, tmp_path)
+    fresh = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    committed = {p.relative_to(paths.GENERATED_DIR): p.read_text()
+                 for p in paths.GENERATED_DIR.rglob("*") if p.is_file()}
+    assert sorted(committed) == sorted(fresh), "generated/ lists other files than the config"
+    drifted = [str(p) for p in fresh if fresh[p] != committed[p]]
+    assert not drifted, f"generated/ is stale: {drifted}"
