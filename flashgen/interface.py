@@ -98,7 +98,7 @@ class _NoBackward(torch.autograd.Function):
 def _forward(q, k, v, dtype, scale, causal, causal_offset, heads_first):
     """q, k, v as (batch, seq, heads, dim) views. Returns out in that view and lse."""
     batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    seqlen_k = k.shape[1]
     device = q.device
     launcher, padded_head_dim = _choose(device, dtype, head_dim, causal)
 
@@ -123,19 +123,26 @@ def _forward(q, k, v, dtype, scale, causal, causal_offset, heads_first):
         q, k, v = (t if validate.is_aligned(t) else _aligned_copy(t) for t in (q, k, v))
         o = out if validate.is_aligned(out) else torch.empty_like(out, memory_format=torch.contiguous_format)
 
+    launch(launcher, q, k, v, o, lse, scale, causal_offset if causal else 0)
+    if o is not out:
+        out.copy_(o[..., :head_dim])
+    return out, lse
+
+
+def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offset: int) -> None:
+    """Runs one compiled kernel on validated (batch, seq, heads, dim) views, on the tensors'
+    device and its current stream."""
+    batch, seqlen_q, heads, _ = q.shape
+    device = q.device
     args = (launcher.address, launcher.error_string_address, q.data_ptr(), k.data_ptr(),
             v.data_ptr(), o.data_ptr(), lse.data_ptr(), q.stride()[:3], k.stride()[:3],
-            v.stride()[:3], o.stride()[:3], batch, heads, heads_kv, seqlen_q, seqlen_k, scale,
-            scale * _LOG2_E, causal_offset if causal else 0,
-            torch.cuda.current_stream(device).cuda_stream)
+            v.stride()[:3], o.stride()[:3], batch, heads, k.shape[2], seqlen_q, k.shape[1], scale,
+            scale * _LOG2_E, causal_offset, torch.cuda.current_stream(device).cuda_stream)
     if device.index == torch.cuda.current_device():
         loader.binding().fwd(*args)
     else:  # kernels launch on the current device: switch to the tensors' one
         with torch.cuda.device(device):
             loader.binding().fwd(*args)
-    if o is not out:
-        out.copy_(o[..., :head_dim])
-    return out, lse
 
 
 def _aligned_copy(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ kv_stages = 2
 CHECK = textwrap.dedent("""
     import torch
     from flashgen import flash_attn_func
-    from tests.reference import attention_ref, assert_close_fa2
+    from flashgen.reference import attention_ref, assert_close_fa2
     torch.manual_seed(0)
     for causal in (False, True):
         q = torch.randn(2, 239, 8, 80, device="cuda", dtype=torch.bfloat16)

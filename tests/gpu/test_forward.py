@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.reference import assert_close_fa2, attention_ref
+from flashgen.reference import assert_close_fa2, attention_ref
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flashgen import flash_attn_func
-from tests.reference import assert_close_fa2, attention_ref
+from flashgen.reference import assert_close_fa2, attention_ref
 
 pytestmark = pytest.mark.gpu
 

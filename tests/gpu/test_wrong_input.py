@@ -89,7 +89,7 @@ def test_sdpa_rejects(case):
 
 
 def test_misaligned_input_is_copied_and_correct():
-    from tests.reference import assert_close_fa2, attention_ref
+    from flashgen.reference import assert_close_fa2, attention_ref
 
     base = torch.randn(2 * 64 * 4 * 64 + 1, device="cuda", dtype=torch.bfloat16)
     q = base[1:].view(2, 64, 4, 64)  # 2-byte offset: not 16-byte aligned

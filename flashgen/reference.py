@@ -1,4 +1,4 @@
-"""A readable attention reference and FlashAttention-2's tolerance rule."""
+"""A readable attention reference and FlashAttention-2's tolerance rule (tests and the tuner)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,96 @@
+"""`flashgen tune`: time tile shapes per head dim on the present GPU, each checked for
+correctness first, against PyTorch's FLASH_ATTENTION in the same process.
+
+Candidates come from a small grid filtered by the same resource checks the config uses; a tile
+that fails to compile, to verify, or to fit is reported and skipped, never chosen.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from codegen import build, resources
+from codegen.arch import ARCHS
+from codegen.config import Tile
+from codegen.spec import KernelSpec
+
+GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "warps": (4, 8), "kv_stages": (2, 3)}
+
+
+def candidate_tiles(arch: str, head_dim: int) -> list[Tile]:
+    """Every grid tile that fits the arch's shared memory and the register budget."""
+    tiles = [Tile(*values) for values in itertools.product(*GRID.values())]
+    return [t for t in tiles if not resources.tile_problems(
+        head_dim, t.block_m, t.block_n, t.warps, t.kv_stages, ARCHS[arch].smem_limit)]
+
+
+def verify(spec: KernelSpec, torch_dtype) -> str | None:
+    """None when the kernel matches the fp32 reference on odd sizes, else why not."""
+    import torch
+
+    from flashgen import interface, loader
+    from flashgen.reference import assert_close_fa2, attention_ref
+
+    q = torch.randn(2, 211, 4, spec.head_dim, device="cuda", dtype=torch_dtype)
+    k = torch.randn(2, 333, 2, spec.head_dim, device="cuda", dtype=torch_dtype)
+    v = torch.randn_like(k)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(2, 4, 211, device="cuda")
+    scale = spec.head_dim ** -0.5
+    interface.launch(loader.launcher(spec), q, k, v, out, lse, scale, 333 - 211)
+    try:
+        assert_close_fa2(out, attention_ref(q, k, v, spec.causal)[0],
+                         attention_ref(q, k, v, spec.causal, upcast=False)[0])
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
+    """Builds all specs in one ninja run, then verifies and times each. Returns one row per spec
+    with TFLOP/s, or the reason it was skipped."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashgen import bench, interface, loader
+
+    try:
+        build.build(specs)
+    except build.BuildError as e:  # keep the kernels that did build
+        log(str(e).splitlines()[0])
+    torch_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    rows = []
+    for spec in specs:
+        row = {"name": spec.name, "head_dim": spec.head_dim, "causal": spec.causal,
+               "tile": spec.tile.suffix, "seqlen": seqlen}
+        rows.append(row)
+        if build.find_entry(spec) is None:
+            row["skipped"] = "did not compile"
+            continue
+        dtype = torch_dtypes[spec.dtype]
+        problem = verify(spec, dtype)
+        if problem:
+            row["skipped"] = f"wrong result: {problem}"
+            continue
+        batch, heads = bench.grid_shape(seqlen, spec.head_dim)
+        inputs = [[torch.randn(batch, seqlen, heads, spec.head_dim, device="cuda", dtype=dtype)
+                   for _ in range(3)] for _ in range(3)]
+        out = torch.empty_like(inputs[0][0])
+        lse = torch.empty(batch, heads, seqlen, device="cuda")
+        launcher = loader.launcher(spec)
+
+        def run(q, k, v):
+            interface.launch(launcher, q, k, v, out, lse, spec.head_dim ** -0.5, 0)
+
+        def fa2(q, k, v):
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                               v.transpose(1, 2), is_causal=spec.causal)
+
+        flops = bench.forward_flops(batch, heads, seqlen, seqlen, spec.head_dim, spec.causal)
+        row["tflops"] = flops / bench.time_ms(run, inputs) / 1e9
+        row["fa2_tflops"] = flops / bench.time_ms(fa2, inputs) / 1e9
+        log(f"{spec.name:48s} {row['tflops']:6.1f} TFLOP/s  FLASH_ATTENTION "
+            f"{row['fa2_tflops']:6.1f}  ratio {row['tflops'] / row['fa2_tflops']:.2f}")
+    return rows

@@ -1,0 +1,39 @@
+"""A hand-picked tile sweep on sm_90 bf16 (a subset of flashgen.tune's grid, small enough to
+compile on a 2-core machine and carry): python3 scripts/tile_sweep.py [--build-only]."""
+
+import json
+import os
+import sys
+
+from codegen.config import Tile
+from codegen.spec import KernelSpec
+
+CANDIDATES = {
+    64: ["m128n64w4s3", "m128n64w4s2", "m128n128w4s2", "m128n128w8s2", "m64n64w4s2"],
+    128: ["m128n64w4s2", "m128n64w4s3", "m128n32w4s2", "m128n128w8s2", "m128n64w8s2",
+          "m64n64w4s2", "m64n128w4s2"],
+    256: ["m128n64w8s2", "m64n64w4s2", "m128n32w8s2", "m64n64w4s3", "m64n32w4s2"],
+}
+
+
+def parse(suffix: str) -> Tile:
+    m, rest = suffix[1:].split("n")
+    n, rest = rest.split("w")
+    w, s = rest.split("s")
+    return Tile(int(m), int(n), int(w), int(s))
+
+
+specs = [KernelSpec("sm_90", "bf16", hd, causal, parse(t))
+         for hd, tiles in CANDIDATES.items() for t in tiles for causal in (False, True)]
+
+if "--build-only" in sys.argv:
+    from codegen import build
+
+    build.build(specs)
+else:
+    from flashgen import tune
+
+    rows = tune.sweep(specs)
+    out = os.environ.get("OUT", ".")
+    with open(os.path.join(out, "tile_sweep.json"), "w") as f:
+        json.dump(rows, f, indent=1)
