@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,8 +34,9 @@ from codegen.arch import ARCHS
 from codegen.render import render_spec
 from codegen.spec import KernelSpec
 
+# -Xptxas=-v: registers and spills of every kernel land in its cache entry (meta.json).
 NVCC_FLAGS = ["-std=c++17", "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-DNDEBUG",
-              "-lineinfo", "-Xcompiler=-fPIC"]
+              "-lineinfo", "-Xcompiler=-fPIC", "-Xptxas=-v"]
 LOCK_TIMEOUT_S = float(os.environ.get("FLASHGEN_LOCK_TIMEOUT", "3600"))
 LIB_NAME = "kernel.so"
 
@@ -51,6 +53,23 @@ class Entry:
     @property
     def lib(self) -> Path:
         return self.path / LIB_NAME
+
+    @property
+    def resources(self) -> dict:
+        """ptxas's report: registers, spill_bytes, stack_bytes (empty if unknown)."""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return json.loads((self.path / "meta.json").read_text())["resources"]
+        return {}
+
+
+def parse_ptxas(report: str) -> dict:
+    """The worst registers / spill stores / stack frame over the kernels of one ptxas -v report."""
+    def largest(pattern: str) -> int:
+        return max((int(m) for m in re.findall(pattern, report)), default=0)
+
+    return {"registers": largest(r"Used (\d+) registers"),
+            "spill_bytes": largest(r"(\d+) bytes spill stores"),
+            "stack_bytes": largest(r"(\d+) bytes stack frame")}
 
 
 def _sha256(data: bytes) -> str:
@@ -177,12 +196,13 @@ def cache_lock(path: Path, timeout: float = LOCK_TIMEOUT_S,
         os.close(fd)  # releases the lock
 
 
-def _publish(spec: KernelSpec, built_lib: Path, final: Path, nvcc: str) -> Entry:
+def _publish(spec: KernelSpec, built_lib: Path, final: Path, nvcc: str, report: str) -> Entry:
     """Copies the library into a temporary folder beside the entry and renames it into place."""
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.name}-", dir=final.parent))
     shutil.copyfile(built_lib, tmp / LIB_NAME)
     meta = {"name": spec.name, "source_key": source_key(spec), "nvcc": nvcc,
-            "size": (tmp / LIB_NAME).stat().st_size, "sha256": _file_sha256(tmp / LIB_NAME)}
+            "size": (tmp / LIB_NAME).stat().st_size, "sha256": _file_sha256(tmp / LIB_NAME),
+            "resources": parse_ptxas(report)}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
     try:
         tmp.rename(final)
@@ -197,7 +217,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
 
-def run_ninja(build_dir: Path, jobs: int | None, log: Callable[[str], None]) -> tuple[bool, str]:
+def run_ninja(build_dir: Path, jobs: int | None,
+              log: Callable[[str], None]) -> tuple[bool, str, dict[str, str]]:
+    """Runs ninja, logging its progress lines. Returns success, the whole output, and each
+    edge's own output keyed by the last word of its description (the spec name)."""
     ninja_bin = shutil.which("ninja")
     if ninja_bin is None:
         raise BuildError("ninja not found: install it with `pip install ninja`")
@@ -207,13 +230,17 @@ def run_ninja(build_dir: Path, jobs: int | None, log: Callable[[str], None]) -> 
     env = dict(os.environ, NINJA_STATUS="[%f/%t %es] ")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env, preexec_fn=_die_with_parent)
-    lines = []
+    lines, per_edge, current = [], {}, None
     assert proc.stdout is not None
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("["):
             log(line.rstrip())
-    return proc.wait() == 0, "".join(lines)
+            words = line.split()
+            current = words[-1] if words[-2:-1] == ["nvcc"] else None
+        elif current is not None:
+            per_edge[current] = per_edge.get(current, "") + line
+    return proc.wait() == 0, "".join(lines), per_edge
 
 
 def build(specs: list[KernelSpec], jobs: int | None = None, objects_only: bool = False,
@@ -256,14 +283,15 @@ def _build_arch(arch, specs, nvcc_bin, nvcc, jobs, objects_only, log) -> list[En
         log(f"flashgen: compiling {len(missing)} kernel(s) for {arch} "
             f"({len(specs) - len(missing)} already cached); about a minute per kernel per core")
         start = time.monotonic()
-        ok, output = run_ninja(build_dir, jobs, log)
+        ok, output, reports = run_ninja(build_dir, jobs, log)
         if objects_only:
             if not ok:
                 raise BuildError(f"nvcc failed for {arch}:\n{output}")
             return []
         for target, spec in zip(targets, missing):
             if target.lib.is_file():
-                found[spec] = _publish(spec, target.lib, root / f"{spec.name}-{entry_key(spec, nvcc)}", nvcc)
+                found[spec] = _publish(spec, target.lib, root / f"{spec.name}-{entry_key(spec, nvcc)}",
+                                       nvcc, reports.get(spec.name, ""))
         if not ok:
             failed = [s.name for s in missing if found[s] is None]
             raise BuildError(f"flashgen: {len(failed)} kernel(s) failed to build for {arch}: "
@@ -304,7 +332,7 @@ def build_binding(log: Callable[[str], None] = print) -> Path:
         (build_dir / "build.ninja").write_text(
             ninja.binding_ninja(BINDING_SOURCE, output, cxx, CXX_FLAGS, includes))
         log("flashgen: compiling the Python binding (once per Python version)")
-        ok, out = run_ninja(build_dir, None, log)
+        ok, out, _ = run_ninja(build_dir, None, log)
         if not ok:
             raise BuildError(f"flashgen: the binding failed to build:\n{out}")
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-binding-", dir=root))

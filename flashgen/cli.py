@@ -42,6 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--head-dim", type=int, action="append")
     bench.add_argument("--seqlen", type=int, action="append")
     bench.add_argument("--causal", choices=("true", "false"))
+    bench.add_argument("--impl", action="append", help="implementations to time (default: all "
+                       "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH)")
+    bench.add_argument("--out", type=Path, help="write results.json and results.md here")
+    bench.add_argument("--memory", action="store_true", help="peak memory of one forward call, "
+                       "seqlen 1k..128k, instead of speed")
+    bench.add_argument("--overhead", action="store_true",
+                       help="host microseconds of a tiny call, instead of speed")
+    bench.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
+                       help="only plot a results.json (no GPU needed) to results.png beside it")
+
+    tune = sub.add_parser("tune", help="time candidate tiles on this GPU; --write puts the "
+                          "winners into the config")
+    add_selection(tune)
+    tune.add_argument("--seqlen", type=int, default=4096, help="timed seqlen (default 4096)")
+    tune.add_argument("--write", action="store_true", help="write the winners into the config")
+    tune.add_argument("--out", type=Path, help="write every candidate's row to this JSON file")
 
     lst = sub.add_parser("list", help="configured kernels and where they are built")
     add_selection(lst)
@@ -87,29 +103,103 @@ def _list(args) -> int:
     _, specs = _selected(args)
     for spec in specs:
         entry = build.find_entry(spec)
-        print(f"{spec.name:48s} {spec.arch}  {'built  ' + str(entry.path) if entry else 'not built'}")
+        if entry is None:
+            print(f"{spec.name:48s} not built")
+            continue
+        r = entry.resources
+        print(f"{spec.name:48s} built  {r.get('registers', '?')} registers, "
+              f"{r.get('spill_bytes', '?')} bytes spilled  {entry.path}")
     print(f"{len(specs)} kernel(s)")
     return 0
 
 
 def _bench(args) -> int:
+    import json
+
+    from flashgen import bench
+
+    if args.plot:
+        png = bench.plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+        print(f"flashgen bench: wrote {png}")
+        return 0
+    unknown = sorted(set(args.impl or ()) - set(bench.IMPLEMENTATIONS))
+    if unknown:
+        print(f"flashgen bench: unknown --impl {unknown}; choose from "
+              f"{list(bench.IMPLEMENTATIONS)}", file=sys.stderr)
+        return 2
     import torch
 
     if not torch.cuda.is_available():
         print("flashgen bench: no CUDA GPU on this machine; run it where one is", file=sys.stderr)
         return 1
-    from flashgen import bench
+    if args.overhead:
+        print(bench.overhead_us())
+        return 0
+    if args.memory:
+        rows = bench.memory(seqlens=tuple(args.seqlen) if args.seqlen else
+                            (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "memory.json").write_text(json.dumps(rows, indent=1) + "\n")
+        return 0
+    grid = bench.DEFAULT_GRID
+    result = bench.run(
+        dtypes=args.dtype or grid["dtypes"], head_dims=args.head_dim or grid["head_dims"],
+        seqlens=args.seqlen or grid["seqlens"],
+        causal=grid["causal"] if args.causal is None else (args.causal == "true",),
+        impls=tuple(args.impl) if args.impl else bench.IMPLEMENTATIONS)
+    if args.out:
+        for path in bench.write(result, args.out):
+            print(f"flashgen bench: wrote {path}")
+    return 0
 
-    bench.run(dtypes=args.dtype or ("bf16",), head_dims=args.head_dim or (64, 128, 256),
-              seqlens=args.seqlen or (4096,),
-              causal=(False, True) if args.causal is None else (args.causal == "true",))
+
+def _tune(args) -> int:
+    import json
+
+    import torch
+
+    from codegen.arch import arch_for_capability
+    from codegen.spec import KernelSpec
+    from flashgen import tune
+
+    if not torch.cuda.is_available():
+        print("flashgen tune: no CUDA GPU on this machine; tune where the kernels will run",
+              file=sys.stderr)
+        return 1
+    arch = arch_for_capability(*torch.cuda.get_device_capability())
+    if args.arch and args.arch != [arch]:
+        print(f"flashgen tune: this GPU is {arch}; it can only tune {arch}", file=sys.stderr)
+        return 2
+    config = load_config(args.config or paths.config_path())
+    head_dims = args.head_dim or config.head_dims(arch)
+    specs = [KernelSpec(arch, dtype, head_dim, causal, tile)
+             for head_dim in head_dims for tile in tune.candidate_tiles(arch, head_dim)
+             for dtype in (args.dtype or config.dtypes)
+             for causal in ([args.causal == "true"] if args.causal else config.causal)]
+    print(f"flashgen tune: {len(specs)} candidate kernels for {arch}, head dims {head_dims}")
+    rows = tune.sweep(specs, seqlen=args.seqlen)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    winners = tune.pick_winners(rows)
+    text = config.path.read_text()
+    for head_dim, tile in sorted(winners.items()):
+        print(f"flashgen tune: {arch} head dim {head_dim}: {tile.suffix}")
+        text = tune.set_tile(text, arch, head_dim, tile)
+    if args.write and winners:
+        candidate = config.path.with_suffix(".tuned.tmp")
+        candidate.write_text(text)
+        load_config(candidate)  # never write a config that does not load
+        candidate.replace(config.path)
+        print(f"flashgen tune: wrote {config.path}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"generate": _generate, "list": _list, "bench": _bench}[args.command](args)
+        return {"generate": _generate, "list": _list, "bench": _bench,
+                "tune": _tune}[args.command](args)
     except (ConfigError, build.BuildError, FileNotFoundError, TimeoutError) as e:
         print(str(e), file=sys.stderr)
         return 1

@@ -1,13 +1,18 @@
 """`flashgen tune`: time tile shapes per head dim on the present GPU, each checked for
-correctness first, against PyTorch's FLASH_ATTENTION in the same process.
+correctness first, against PyTorch's FLASH_ATTENTION in the same process, and write the winners
+into the config.
 
 Candidates come from a small grid filtered by the same resource checks the config uses; a tile
-that fails to compile, to verify, or to fit is reported and skipped, never chosen.
+that fails to compile, spills registers (ptxas), gives a wrong result or does not fit is
+reported and skipped, never chosen. The winner per head dim has the best geometric-mean TFLOP/s
+over every dtype and causality measured, since the config holds one tile per (arch, head dim).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
+import re
 
 from codegen import build, resources
 from codegen.arch import ARCHS
@@ -62,16 +67,23 @@ def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
     torch_dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     rows = []
     for spec in specs:
-        row = {"name": spec.name, "head_dim": spec.head_dim, "causal": spec.causal,
-               "tile": spec.tile.suffix, "seqlen": seqlen}
+        row = {"name": spec.name, "dtype": spec.dtype, "head_dim": spec.head_dim,
+               "causal": spec.causal, "tile": spec.tile.suffix, "seqlen": seqlen}
         rows.append(row)
-        if build.find_entry(spec) is None:
+        entry = build.find_entry(spec)
+        if entry is None:
             row["skipped"] = "did not compile"
+            continue
+        spilled = entry.resources.get("spill_bytes", 0)
+        if spilled:
+            row["skipped"] = f"spills {spilled} bytes of registers"
+            log(f"{spec.name:48s} skipped: {row['skipped']}")
             continue
         dtype = torch_dtypes[spec.dtype]
         problem = verify(spec, dtype)
         if problem:
             row["skipped"] = f"wrong result: {problem}"
+            log(f"{spec.name:48s} skipped: {row['skipped']}")
             continue
         batch, heads = bench.grid_shape(seqlen, spec.head_dim)
         inputs = [[torch.randn(batch, seqlen, heads, spec.head_dim, device="cuda", dtype=dtype)
@@ -94,3 +106,42 @@ def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
         log(f"{spec.name:48s} {row['tflops']:6.1f} TFLOP/s  FLASH_ATTENTION "
             f"{row['fa2_tflops']:6.1f}  ratio {row['tflops'] / row['fa2_tflops']:.2f}")
     return rows
+
+
+def pick_winners(rows: list[dict]) -> dict[int, Tile]:
+    """Per head dim, the tile with the best geometric-mean TFLOP/s among those that ran every
+    (dtype, causal) cell measured for that head dim."""
+    winners = {}
+    for head_dim in sorted({r["head_dim"] for r in rows}):
+        mine = [r for r in rows if r["head_dim"] == head_dim]
+        cells = {(r["dtype"], r["causal"]) for r in mine}
+        scores = {}
+        for tile in sorted({r["tile"] for r in mine}):
+            timed = {(r["dtype"], r["causal"]): r["tflops"] for r in mine
+                     if r["tile"] == tile and "tflops" in r}
+            if set(timed) == cells:
+                scores[tile] = math.exp(sum(math.log(t) for t in timed.values()) / len(timed))
+        if scores:
+            winners[head_dim] = parse_tile(max(scores, key=scores.get))
+    return winners
+
+
+def parse_tile(suffix: str) -> Tile:
+    """The inverse of Tile.suffix: "m128n64w4s2" -> Tile(128, 64, 4, 2)."""
+    match = re.fullmatch(r"m(\d+)n(\d+)w(\d+)s(\d+)", suffix)
+    if not match:
+        raise ValueError(f"not a tile suffix: {suffix!r}")
+    return Tile(*map(int, match.groups()))
+
+
+def set_tile(config_text: str, arch: str, head_dim: int, tile: Tile) -> str:
+    """The config text with [arch.<arch>.head_dim.<head_dim>] set to tile; comments elsewhere
+    are kept, a missing table is appended."""
+    header = f"[arch.{arch}.head_dim.{head_dim}]"
+    body = "".join(f"{key} = {getattr(tile, key)}\n"
+                   for key in ("block_m", "block_n", "warps", "kv_stages"))
+    # The header and its key = value lines; blank lines and comments after them stay.
+    pattern = re.compile(rf"^{re.escape(header)}\n(?:[a-z_]+\s*=.*(?:\n|$))*", re.MULTILINE)
+    if pattern.search(config_text):
+        return pattern.sub(lambda _: f"{header}\n{body}", config_text, count=1)
+    return config_text.rstrip() + f"\n\n{header}\n{body}"

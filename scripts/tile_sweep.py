@@ -5,8 +5,8 @@ import json
 import os
 import sys
 
-from codegen.config import Tile
 from codegen.spec import KernelSpec
+from flashgen.tune import parse_tile
 
 CANDIDATES = {
     64: ["m128n64w4s3", "m128n64w4s2", "m128n128w4s2", "m128n128w8s2", "m64n64w4s2"],
@@ -16,14 +16,7 @@ CANDIDATES = {
 }
 
 
-def parse(suffix: str) -> Tile:
-    m, rest = suffix[1:].split("n")
-    n, rest = rest.split("w")
-    w, s = rest.split("s")
-    return Tile(int(m), int(n), int(w), int(s))
-
-
-specs = [KernelSpec("sm_90", "bf16", hd, causal, parse(t))
+specs = [KernelSpec("sm_90", "bf16", hd, causal, parse_tile(t))
          for hd, tiles in CANDIDATES.items() for t in tiles for causal in (False, True)]
 
 if "--build-only" in sys.argv:

@@ -30,6 +30,9 @@ FAKE_NVCC = textwrap.dedent("""\
     if mode == "slow":
         time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "2")))
     out = args[args.index("-o") + 1]
+    if "-c" in args:  # what ptxas -v reports, as nvcc prints it
+        print("ptxas info    : Used 77 registers, used 1 barriers", file=sys.stderr)
+        print("    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads", file=sys.stderr)
     with open(out, "wb") as f:
         f.write(b"fake binary of " + args[-3].encode())
 """)
@@ -73,6 +76,19 @@ def test_build_publishes_one_verified_entry_and_reuses_it(fake_toolchain):
     (again,) = build.build([spec])  # cached: no compile
     assert again.path == entry.path and again.lib.stat().st_mtime_ns == mtime
     assert build.find_entry(spec).path == entry.path
+    assert entry.resources == {"registers": 77, "spill_bytes": 4, "stack_bytes": 8}
+
+
+def test_parse_ptxas_takes_the_worst_kernel():
+    report = """ptxas info    : Compiling entry function 'a' for 'sm_90'
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 128 registers, used 1 barriers
+ptxas info    : Compiling entry function 'b' for 'sm_90'
+    64 bytes stack frame, 72 bytes spill stores, 72 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 64 bytes cumulative stack size
+"""
+    assert build.parse_ptxas(report) == {"registers": 255, "spill_bytes": 72, "stack_bytes": 64}
+    assert build.parse_ptxas("") == {"registers": 0, "spill_bytes": 0, "stack_bytes": 0}
 
 
 def test_two_processes_building_the_same_spec_both_succeed(fake_toolchain):
