@@ -151,7 +151,7 @@ def _git_commit() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=10)
-        return out.stdout.strip() or None
+        return out.stdout.strip() if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -243,6 +243,7 @@ def plot(result: dict, png: Path) -> Path:
         ax.set_title(f"{dtype} hd{head_dim} {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOP/s")
+        ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
