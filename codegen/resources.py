@@ -6,7 +6,8 @@ They mirror the static_asserts and kSmemBytes of templates/include/flashgen/fwd_
 from __future__ import annotations
 
 ELEMENT_BYTES = 2  # fp16 and bf16
-# fp32 accumulators (O and S) a thread may hold; past this ptxas spills (measured: see notes).
+# fp32 accumulators (O and S) a thread may hold. At 192 (hd128, 128x64, 4 warps) ptxas already
+# uses all 255 registers and spills 72-80 bytes (notes/perf.md); more would spill heavily.
 MAX_ACCUMULATOR_REGISTERS = 192
 
 

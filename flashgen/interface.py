@@ -119,9 +119,9 @@ def _forward(q, k, v, dtype, scale, causal, causal_offset, heads_first):
         pad = (0, padded_head_dim - head_dim)
         q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
         o = torch.empty((batch, seqlen_q, heads, padded_head_dim), dtype=q.dtype, device=device)
-    else:
+    else:  # out is freshly allocated, so aligned; the inputs may be any views
         q, k, v = (t if validate.is_aligned(t) else _aligned_copy(t) for t in (q, k, v))
-        o = out if validate.is_aligned(out) else torch.empty_like(out, memory_format=torch.contiguous_format)
+        o = out
 
     launch(launcher, q, k, v, o, lse, scale, causal_offset if causal else 0)
     if o is not out:
