@@ -9,6 +9,11 @@ Layout of the file (see configs/default.toml):
     block_n = 64
     warps = 4
     kv_stages = 2
+    [arch.sm_90.head_dim.128.backward]   # optional: the backward kernel's tile
+    block_m = 64
+    block_n = 128
+    warps = 8
+    q_stages = 2
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ from codegen.arch import ARCHS
 
 DTYPES = ("fp16", "bf16")
 MAX_HEAD_DIM = 256
-TILE_KEYS = ("block_m", "block_n", "warps", "kv_stages")
+# The last key is the pipeline depth of the streamed operand: K/V tiles in the forward (which
+# keeps Q), Q/dO tiles in the backward (which keeps K and V).
+FORWARD_KEYS = ("block_m", "block_n", "warps", "kv_stages")
+BACKWARD_KEYS = ("block_m", "block_n", "warps", "q_stages")
+BACKWARD_TABLE = "backward"
 
 
 class ConfigError(ValueError):
@@ -34,11 +43,11 @@ class Tile:
     block_m: int
     block_n: int
     warps: int
-    kv_stages: int
+    stages: int
 
     @property
     def suffix(self) -> str:
-        return f"m{self.block_m}n{self.block_n}w{self.warps}s{self.kv_stages}"
+        return f"m{self.block_m}n{self.block_n}w{self.warps}s{self.stages}"
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,9 @@ class Config:
     path: Path
     dtypes: tuple[str, ...]
     causal: tuple[bool, ...]
-    # (arch, head_dim) -> tile, sorted
+    # (arch, head_dim) -> tile, sorted; backward_tiles only for the head dims that have one
     tiles: tuple[tuple[tuple[str, int], Tile], ...]
+    backward_tiles: tuple[tuple[tuple[str, int], Tile], ...] = ()
 
     def head_dims(self, arch: str) -> list[int]:
         return sorted(hd for (a, hd), _ in self.tiles if a == arch)
@@ -84,7 +94,7 @@ def parse_config(raw: dict, path: Path) -> Config:
     arch_tables = raw.get("arch")
     if not isinstance(arch_tables, dict) or not arch_tables:
         raise fail("arch", "at least one [arch.sm_XX.head_dim.N] table is required")
-    tiles = {}
+    tiles, backward_tiles = {}, {}
     for arch, table in arch_tables.items():
         if arch not in ARCHS:
             raise fail(f"arch.{arch}", f"unknown arch; known: {', '.join(ARCHS)}")
@@ -92,9 +102,18 @@ def parse_config(raw: dict, path: Path) -> Config:
         for hd_key, tile_table in table.get("head_dim", {}).items():
             where = f"arch.{arch}.head_dim.{hd_key}"
             head_dim = _parse_head_dim(hd_key, where, fail)
-            tiles[(arch, head_dim)] = _parse_tile(tile_table, head_dim, ARCHS[arch], where, fail)
+            forward = dict(tile_table) if isinstance(tile_table, dict) else tile_table
+            backward = forward.pop(BACKWARD_TABLE, None) if isinstance(forward, dict) else None
+            tiles[(arch, head_dim)] = _parse_tile(forward, FORWARD_KEYS,
+                                                  resources.tile_problems, head_dim,
+                                                  ARCHS[arch], where, fail)
+            if backward is not None:
+                backward_tiles[(arch, head_dim)] = _parse_tile(
+                    backward, BACKWARD_KEYS, resources.backward_tile_problems, head_dim,
+                    ARCHS[arch], f"{where}.{BACKWARD_TABLE}", fail)
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))),
-                  causal=tuple(sorted(set(causal))), tiles=tuple(sorted(tiles.items())))
+                  causal=tuple(sorted(set(causal))), tiles=tuple(sorted(tiles.items())),
+                  backward_tiles=tuple(sorted(backward_tiles.items())))
 
 
 def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:
@@ -114,18 +133,20 @@ def _parse_head_dim(key: str, where: str, fail) -> int:
     return head_dim
 
 
-def _parse_tile(table, head_dim: int, arch, where: str, fail) -> Tile:
-    _reject_unknown(table, set(TILE_KEYS), where, fail)
-    missing = [k for k in TILE_KEYS if k not in table]
+def _parse_tile(table, keys: tuple[str, ...], tile_problems, head_dim: int, arch, where: str,
+                fail) -> Tile:
+    allowed = set(keys) | ({BACKWARD_TABLE} if keys == FORWARD_KEYS else set())
+    _reject_unknown(table, allowed, where, fail)
+    missing = [k for k in keys if k not in table]
     if missing:
         raise fail(where, f"missing key(s) {missing}")
-    for key in TILE_KEYS:
+    for key in keys:
         value = table[key]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise fail(f"{where}.{key}", f"{value!r} must be a positive integer")
-    tile = Tile(**{k: table[k] for k in TILE_KEYS})
-    problems = resources.tile_problems(head_dim, tile.block_m, tile.block_n, tile.warps,
-                                       tile.kv_stages, arch.smem_limit)
+    tile = Tile(*(table[k] for k in keys))
+    problems = tile_problems(head_dim, tile.block_m, tile.block_n, tile.warps, tile.stages,
+                             arch.smem_limit)
     if problems:
         raise fail(where, "; ".join(problems))
     return tile

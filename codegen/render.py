@@ -22,7 +22,7 @@ _env = jinja2.Environment(
 
 
 def render_spec(spec: KernelSpec) -> str:
-    template = _env.get_template(f"fwd_kernel_{spec.family}.cu.j2")
+    template = _env.get_template(f"{spec.direction}_kernel_{spec.family}.cu.j2")
     return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype])
 
 
@@ -43,9 +43,9 @@ def write_if_changed(path: Path, text: str) -> bool:
 
 def manifest_text(specs: list[KernelSpec]) -> str:
     entries = [
-        {"name": s.name, "arch": s.arch, "dtype": s.dtype, "head_dim": s.head_dim,
-         "causal": s.causal, "block_m": s.block_m, "block_n": s.block_n, "warps": s.warps,
-         "kv_stages": s.kv_stages, "source": f"{s.arch}/{s.name}.cu"}
+        {"name": s.name, "direction": s.direction, "arch": s.arch, "dtype": s.dtype,
+         "head_dim": s.head_dim, "causal": s.causal, "block_m": s.block_m, "block_n": s.block_n,
+         "warps": s.warps, "stages": s.stages, "source": f"{s.arch}/{s.name}.cu"}
         for s in sorted(specs)
     ]
     return json.dumps({"kernels": entries}, indent=1) + "\n"

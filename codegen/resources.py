@@ -1,6 +1,7 @@
-"""Shared-memory and register estimates of a forward tile, checked before nvcc ever runs.
+"""Shared-memory and register estimates of forward and backward tiles, checked before nvcc runs.
 
-They mirror the static_asserts and kSmemBytes of templates/include/flashgen/fwd_traits.cuh.
+They mirror the static_asserts and kSmemBytes of templates/include/flashgen/fwd_traits.cuh and
+bwd_traits.cuh.
 """
 
 from __future__ import annotations
@@ -53,6 +54,60 @@ def tile_problems(head_dim: int, block_m: int, block_n: int, warps: int, kv_stag
     if smem > smem_limit:
         problems.append(f"shared memory {smem} bytes exceeds the arch limit of {smem_limit}")
     regs = accumulator_registers(head_dim, block_m, block_n, warps)
+    if regs > MAX_ACCUMULATOR_REGISTERS:
+        problems.append(
+            f"{regs} accumulator registers per thread exceed {MAX_ACCUMULATOR_REGISTERS} "
+            "(raise warps or lower block_m / block_n)")
+    return problems
+
+
+def warp_split_exists(m: int, n: int, warps: int) -> bool:
+    """Whether an (m, n) accumulator splits over a power-of-two grid of `warps` warps in 16 x 16
+    granules (tiling.cuh's warps_along_m finds the squarest such split)."""
+    splits = [1 << i for i in range(warps.bit_length()) if warps % (1 << i) == 0]
+    return any(m % (16 * wm) == 0 and n % (16 * (warps // wm)) == 0 for wm in splits)
+
+
+def backward_smem_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int) -> int:
+    """q_stages Q and dO tiles, K and V, P and dS."""
+    hdp = padded_head_dim(head_dim)
+    return ELEMENT_BYTES * (2 * q_stages * block_m * hdp + 2 * block_n * hdp + 2 * block_m * block_n)
+
+
+def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int) -> int:
+    """fp32 registers per thread at the peak: dK and dV (held throughout) plus S and dP, or plus
+    a dQ tile, whichever is larger."""
+    threads = 32 * warps
+    hdp = padded_head_dim(head_dim)
+    dk_dv = 2 * block_n * hdp // threads
+    return dk_dv + max(2 * block_m * block_n, block_m * hdp) // threads
+
+
+def backward_tile_problems(head_dim: int, block_m: int, block_n: int, warps: int, q_stages: int,
+                           smem_limit: int) -> list[str]:
+    """Why this backward tile cannot be built, one line per reason; empty when it can."""
+    problems = []
+    hdp = padded_head_dim(head_dim)
+    rows_per_copy = 32 * warps // (row_chunk(head_dim) // 8)
+    if warps & (warps - 1):
+        problems.append(f"warps = {warps} must be a power of two")
+    if block_n % 32:
+        problems.append(f"block_n = {block_n} must be a multiple of 32")
+    for what, m, n in (("block_m x block_n", block_m, block_n),
+                       ("block_n x head_dim", block_n, hdp), ("block_m x head_dim", block_m, hdp)):
+        if not warps & (warps - 1) and not warp_split_exists(m, n, warps):
+            problems.append(f"{what} = {m} x {n} does not split over {warps} warps in 16 x 16 "
+                            f"tiles")
+    if rows_per_copy == 0 or block_m % rows_per_copy or block_n % rows_per_copy:
+        problems.append(
+            f"block_m = {block_m} and block_n = {block_n} must be multiples of {rows_per_copy} "
+            f"(the rows {warps} warps copy at once for head_dim {head_dim})")
+    if q_stages not in (1, 2):
+        problems.append(f"q_stages = {q_stages} must be 1 or 2")
+    smem = backward_smem_bytes(head_dim, block_m, block_n, q_stages)
+    if smem > smem_limit:
+        problems.append(f"shared memory {smem} bytes exceeds the arch limit of {smem_limit}")
+    regs = backward_accumulator_registers(head_dim, block_m, block_n, warps)
     if regs > MAX_ACCUMULATOR_REGISTERS:
         problems.append(
             f"{regs} accumulator registers per thread exceed {MAX_ACCUMULATOR_REGISTERS} "

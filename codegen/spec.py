@@ -16,13 +16,14 @@ class KernelSpec:
     head_dim: int
     causal: bool
     tile: Tile
+    direction: str = "fwd"  # "fwd" | "bwd": which kernel template
 
     @cached_property
     def name(self) -> str:
         """Encodes every compile-time parameter, e.g. fwd_sm90_bf16_hd128_causal_m128n64w4s2."""
         mask = "causal" if self.causal else "full"
         arch = self.arch.replace("_", "")
-        return f"fwd_{arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.tile.suffix}"
+        return f"{self.direction}_{arch}_{self.dtype}_hd{self.head_dim}_{mask}_{self.tile.suffix}"
 
     @property
     def family(self) -> str:
@@ -32,15 +33,20 @@ class KernelSpec:
     block_m = property(lambda self: self.tile.block_m)
     block_n = property(lambda self: self.tile.block_n)
     warps = property(lambda self: self.tile.warps)
-    kv_stages = property(lambda self: self.tile.kv_stages)
+    stages = property(lambda self: self.tile.stages)
 
 
-def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None,
-                    causal=None) -> list[KernelSpec]:
+DIRECTIONS = ("fwd", "bwd")
+
+
+def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, causal=None,
+                    directions=None) -> list[KernelSpec]:
     """All specs of the config, sorted, optionally filtered (None keeps everything)."""
+    tables = {"fwd": config.tiles, "bwd": config.backward_tiles}
     specs = [
-        KernelSpec(arch, dtype, head_dim, is_causal, tile)
-        for (arch, head_dim), tile in config.tiles
+        KernelSpec(arch, dtype, head_dim, is_causal, tile, direction)
+        for direction, tiles in tables.items()
+        for (arch, head_dim), tile in tiles
         for dtype in config.dtypes
         for is_causal in config.causal
     ]
@@ -50,4 +56,5 @@ def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None,
         and (head_dims is None or s.head_dim in head_dims)
         and (dtypes is None or s.dtype in dtypes)
         and (causal is None or s.causal in causal)
+        and (directions is None or s.direction in directions)
     )

@@ -13,10 +13,11 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from dataclasses import astuple
 
 from codegen import build, resources
 from codegen.arch import ARCHS
-from codegen.config import Tile
+from codegen.config import FORWARD_KEYS, Tile
 from codegen.spec import KernelSpec
 
 GRID = {"block_m": (64, 128), "block_n": (32, 64, 128), "warps": (4, 8), "kv_stages": (2, 3)}
@@ -26,14 +27,14 @@ def candidate_tiles(arch: str, head_dim: int) -> list[Tile]:
     """Every grid tile that fits the arch's shared memory and the register budget."""
     tiles = [Tile(*values) for values in itertools.product(*GRID.values())]
     return [t for t in tiles if not resources.tile_problems(
-        head_dim, t.block_m, t.block_n, t.warps, t.kv_stages, ARCHS[arch].smem_limit)]
+        head_dim, t.block_m, t.block_n, t.warps, t.stages, ARCHS[arch].smem_limit)]
 
 
 def verify(spec: KernelSpec, torch_dtype) -> str | None:
     """None when the kernel matches the fp32 reference on odd sizes, else why not."""
     import torch
 
-    from flashgen import interface, loader
+    from flashgen import forward, loader
     from flashgen.reference import assert_close_fa2, attention_ref
 
     q = torch.randn(2, 211, 4, spec.head_dim, device="cuda", dtype=torch_dtype)
@@ -42,7 +43,7 @@ def verify(spec: KernelSpec, torch_dtype) -> str | None:
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(2, 4, 211, device="cuda")
     scale = spec.head_dim ** -0.5
-    interface.launch(loader.launcher(spec), q, k, v, out, lse, scale, 333 - 211)
+    forward.launch(loader.launcher(spec), q, k, v, out, lse, scale, 333 - 211)
     try:
         assert_close_fa2(out, attention_ref(q, k, v, spec.causal)[0],
                          attention_ref(q, k, v, spec.causal, upcast=False)[0])
@@ -58,7 +59,7 @@ def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from flashgen import bench, interface, loader
+    from flashgen import bench, forward, loader
 
     try:
         build.build(specs)
@@ -93,7 +94,7 @@ def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
         launcher = loader.launcher(spec)
 
         def run(q, k, v):
-            interface.launch(launcher, q, k, v, out, lse, spec.head_dim ** -0.5, 0)
+            forward.launch(launcher, q, k, v, out, lse, spec.head_dim ** -0.5, 0)
 
         def fa2(q, k, v):
             with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
@@ -138,8 +139,7 @@ def set_tile(config_text: str, arch: str, head_dim: int, tile: Tile) -> str:
     """The config text with [arch.<arch>.head_dim.<head_dim>] set to tile; comments elsewhere
     are kept, a missing table is appended."""
     header = f"[arch.{arch}.head_dim.{head_dim}]"
-    body = "".join(f"{key} = {getattr(tile, key)}\n"
-                   for key in ("block_m", "block_n", "warps", "kv_stages"))
+    body = "".join(f"{key} = {value}\n" for key, value in zip(FORWARD_KEYS, astuple(tile)))
     # The header and its key = value lines; blank lines and comments after them stay.
     pattern = re.compile(rf"^{re.escape(header)}\n(?:[a-z_]+\s*=.*(?:\n|$))*", re.MULTILINE)
     if pattern.search(config_text):

@@ -8,6 +8,7 @@ from codegen import paths
 from codegen.config import ConfigError, Tile, load_config
 
 TILE = "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
+BACKWARD = "[arch.sm_90.head_dim.64.backward]\n"
 
 
 def write(tmp_path, text):
@@ -24,9 +25,21 @@ def test_default_config_declares_the_documented_head_dims():
     assert config.dtypes == ("bf16", "fp16") and config.causal == (False, True)
 
 
+def test_default_config_has_a_backward_tile_per_head_dim():
+    config = load_config(paths.DEFAULT_CONFIG)
+    assert [key for key, _ in config.backward_tiles] == [key for key, _ in config.tiles]
+
+
 def test_minimal_config(tmp_path):
     config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.80]\n{TILE}"))
     assert config.tiles == ((("sm_90", 80), Tile(128, 64, 4, 2)),)
+    assert config.backward_tiles == ()
+
+
+def test_backward_table(tmp_path):
+    config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}"
+                                         "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"))
+    assert config.backward_tiles == ((("sm_90", 64), Tile(64, 128, 8, 2)),)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -57,6 +70,21 @@ def test_minimal_config(tmp_path):
     ("[arch.sm_90.head_dim.64]\nblock_m = 128\nblock_n = 64.0\nwarps = 4\nkv_stages = 2\n",
      "block_n: 64.0 must be a positive integer"),
     ("not toml = = 1", "not valid TOML"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 64\nblock_n = 128\nwarps = 8\n"
+     "kv_stages = 2\n", r"head_dim.64.backward: unknown key\(s\) \['kv_stages'\]"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 64\nblock_n = 128\nwarps = 8\n"
+     "q_stages = 3\n", "q_stages = 3 must be 1 or 2"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 64\nblock_n = 48\nwarps = 8\n"
+     "q_stages = 2\n", "block_n = 48 must be a multiple of 32"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 64\nblock_n = 128\nwarps = 6\n"
+     "q_stages = 2\n", "warps = 6 must be a power of two"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 16\nblock_n = 32\nwarps = 8\n"
+     "q_stages = 2\n", "block_m x block_n = 16 x 32 does not split over 8 warps"),
+    ("[arch.sm_80.head_dim.256]\nblock_m = 64\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
+     "[arch.sm_80.head_dim.256.backward]\nblock_m = 64\nblock_n = 64\nwarps = 8\nq_stages = 2\n",
+     "backward: shared memory 212992 bytes exceeds the arch limit of 166912"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 128\nblock_n = 128\nwarps = 4\n"
+     "q_stages = 1\n", "accumulator registers"),
 ])
 def test_invalid_configs_are_rejected(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as info:

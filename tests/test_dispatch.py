@@ -48,5 +48,5 @@ def test_unknown_arch_says_how_to_add_it():
 
 def test_dtype_not_built():
     specs = tuple(s for s in SPECS if s.dtype == "bf16")
-    with pytest.raises(DispatchError, match="no fp16 non-causal kernels"):
+    with pytest.raises(DispatchError, match="no fp16 non-causal forward kernels"):
         select(specs, "sm_90", "fp16", 64, False)

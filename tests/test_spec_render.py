@@ -15,31 +15,33 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # 2 archs x 6 head dims x 2 dtypes x 2 causal
-    assert len(specs) == 48
-    assert len({s.name for s in specs}) == 48
+    # 2 directions x 2 archs x 6 head dims x 2 dtypes x 2 causal
+    assert len(specs) == 96
+    assert len({s.name for s in specs}) == 96
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
-    spec = next(s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
-                and s.causal)
-    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n64w4s2"
+    chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
+              and s.causal]
+    assert sorted(s.name for s in chosen) == ["bwd_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              "fwd_sm90_bf16_hd128_causal_m128n64w4s2"]
 
 
 def test_filters(specs):
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
-                             causal=[False])
+                             causal=[False], directions=["fwd"])
     assert [s.name for s in chosen] == ["fwd_sm90_fp16_hd64_full_m128n64w4s3"]
 
 
-def test_render_is_deterministic_and_instantiates_the_spec(specs):
-    spec = specs[0]
+@pytest.mark.parametrize("direction, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])
+def test_render_is_deterministic_and_instantiates_the_spec(specs, direction, traits):
+    spec = next(s for s in specs if s.direction == direction)
     text = render.render_spec(spec)
     assert text == render.render_spec(spec)
     assert f'extern "C" int {spec.name}(' in text
-    assert f"FwdTraits<{spec.head_dim}, {spec.block_m}, {spec.block_n}, {spec.warps}, " \
-           f"{spec.kv_stages}, " in text
+    assert f"{traits}<{spec.head_dim}, {spec.block_m}, {spec.block_n}, {spec.warps}, " \
+           f"{spec.stages}, " in text
 
 
 def test_render_tree_writes_only_changes_and_removes_stale_files(tmp_path, specs):

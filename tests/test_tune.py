@@ -24,7 +24,7 @@ def test_candidates_all_fit_and_include_the_default(arch, head_dim):
     tiles = tune.candidate_tiles(arch, head_dim)
     assert tiles
     for t in tiles:
-        assert not resources.tile_problems(head_dim, t.block_m, t.block_n, t.warps, t.kv_stages,
+        assert not resources.tile_problems(head_dim, t.block_m, t.block_n, t.warps, t.stages,
                                            ARCHS[arch].smem_limit)
     default = dict(load_config(paths.DEFAULT_CONFIG).tiles)[(arch, head_dim)]
     assert default in tiles

@@ -2,10 +2,10 @@
 // no tile heuristics here: the spec (and so Traits) was chosen in Python.
 #pragma once
 
-#include <climits>
 #include <cuda_runtime.h>
 
 #include "flashgen/fwd_kernel.cuh"
+#include "flashgen/launch_common.cuh"
 #include "flashgen/params.h"
 
 namespace flashgen {
@@ -15,17 +15,13 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads;
   if (blocks == 0) return cudaSuccess;
-  if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
+  if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 
   auto kernel = fwd_kernel<Traits, kCausal>;
-  constexpr int smem_bytes = Traits::kSmemBytes;
-  if constexpr (smem_bytes > 48 * 1024) {
-    // Above 48 KB a kernel must opt in; cheap, and per device, so done on every launch.
-    cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return err;
+  if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
   }
-  kernel<<<dim3(unsigned(blocks)), Traits::kThreads, smem_bytes, stream>>>(p);
+  kernel<<<dim3(unsigned(blocks)), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -1,4 +1,4 @@
-// Run-time arguments of the forward kernel. Plain data: the Python binding fills it, the kernel
+// Run-time arguments of the forward and backward kernels. Plain data: the Python binding fills it, the kernel
 // reads it. No torch, pybind11 or CUDA types, so the binding compiles with a host compiler alone.
 #pragma once
 
@@ -26,6 +26,37 @@ struct FwdParams {
   // Causal only: query row i sees key j iff j <= i + causal_offset. seqlen_k - seqlen_q aligns the
   // mask to the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA).
   int causal_offset;
+};
+
+// The backward pass: gradients of q, k, v from dout and the forward's out and softmax_lse.
+struct BwdParams {
+  const void* q;     // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
+  const void* k;     // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;     // (batch, seqlen_k, heads_kv, head_dim)
+  const void* o;     // (batch, seqlen_q, heads, head_dim): the forward's output
+  const void* dout;  // (batch, seqlen_q, heads, head_dim)
+  const float* softmax_lse;  // (batch, heads, seqlen_q), contiguous, natural log
+  void* dq;          // (batch, seqlen_q, heads, head_dim)
+  void* dk;          // (batch, seqlen_k, heads_kv, head_dim): summed over each KV head's group
+  void* dv;          // (batch, seqlen_k, heads_kv, head_dim)
+  float* softmax_d;  // (batch, heads, seqlen_q) workspace: rowsum(dout * out)
+  // (batch, heads, seqlen_q, head_dim padded to the kernel's row chunk) fp32 workspace that the
+  // key blocks add their dq contributions to with atomics; nullptr selects the deterministic
+  // path (a second kernel computes dq per query block, no atomics).
+  float* dq_accum;
+
+  int64_t q_batch_stride, q_row_stride, q_head_stride;
+  int64_t k_batch_stride, k_row_stride, k_head_stride;
+  int64_t v_batch_stride, v_row_stride, v_head_stride;
+  int64_t o_batch_stride, o_row_stride, o_head_stride;
+  int64_t do_batch_stride, do_row_stride, do_head_stride;
+  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
+  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
+
+  int batch, heads, heads_kv, seqlen_q, seqlen_k;
+  float softmax_scale, scale_log2;
+  int causal_offset;  // as in FwdParams
 };
 
 }  // namespace flashgen

@@ -1,0 +1,87 @@
+"""The backward pass on (batch, seq, heads, dim) views: gradients of q, k and v from the forward's
+output and log-sum-exp (FlashAttention-2: nothing of size seqlen_q x seqlen_k is stored)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from codegen import paths, resources
+from codegen.arch import arch_for_capability
+from flashgen import dispatch, loader, registry, validate
+
+_LOG2_E = math.log2(math.e)
+_choices: dict[tuple, tuple[loader.Launcher, int]] = {}
+
+
+def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
+             causal_offset: int, deterministic: bool, heads_first: bool):
+    """dq, dk, dv with the shapes of q, k, v.
+
+    dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
+    name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
+    causal_offset as in the forward (key j visible to query i iff j <= i + causal_offset).
+    deterministic=True gives bit-identical gradients across runs. heads_first=True lays the
+    gradients out in memory as (batch, heads, seq, dim) (SDPA's layout) and returns the
+    (batch, seq, heads, dim) views of them, like the forward's output.
+    """
+    grads = tuple(_allocate(t.shape, t, heads_first) for t in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
+        return tuple(g.zero_() for g in grads)
+    launcher, kernel_head_dim = _choose(q.device, dtype, q.shape[-1], causal)
+    head_dim = q.shape[-1]
+    if kernel_head_dim != head_dim:  # zero-padded: exact, the padded columns are dropped
+        pad = (0, kernel_head_dim - head_dim)
+        inputs = [F.pad(t, pad) for t in (q, k, v, out, dout)]
+        work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
+    else:
+        inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
+        work = grads
+    _launch(launcher, *inputs, lse.contiguous(), *work, scale,
+            causal_offset if causal else 0, deterministic)
+    if work is not grads:
+        for grad, padded in zip(grads, work):
+            grad.copy_(padded[..., :head_dim])
+    return grads
+
+
+def _allocate(shape, like: torch.Tensor, heads_first: bool) -> torch.Tensor:
+    batch, seq, heads, dim = shape
+    if heads_first:
+        return torch.empty((batch, heads, seq, dim), dtype=like.dtype,
+                           device=like.device).transpose(1, 2)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def _launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
+            deterministic) -> None:
+    batch, seqlen_q, heads, head_dim = q.shape
+    device = q.device
+    softmax_d = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device)
+    dq_accum = None if deterministic else torch.empty(
+        (batch, heads, seqlen_q, resources.padded_head_dim(head_dim)), dtype=torch.float32,
+        device=device)
+    args = (launcher.address, launcher.error_string_address, q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(),
+            dk.data_ptr(), dv.data_ptr(), softmax_d.data_ptr(),
+            0 if dq_accum is None else dq_accum.data_ptr(),
+            tuple(t.stride()[:3] for t in (q, k, v, out, dout, dq, dk, dv)), batch, heads,
+            k.shape[2], seqlen_q, k.shape[1], scale, scale * _LOG2_E, causal_offset,
+            torch.cuda.current_stream(device).cuda_stream)
+    with torch.cuda.device(device):
+        loader.binding().bwd(*args)
+
+
+def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
+    """The backward launcher for this call and the head dim it runs at."""
+    key = (device.index, dtype, head_dim, causal)
+    found = _choices.get(key)
+    if found is None:
+        arch = arch_for_capability(*torch.cuda.get_device_capability(device))
+        choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
+                                 paths.config_path(), direction="bwd")
+        found = (loader.launcher(choice.spec), choice.spec.head_dim)
+        _choices[key] = found
+    return found

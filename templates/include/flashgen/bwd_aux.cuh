@@ -1,0 +1,71 @@
+// The backward's two memory-bound helpers: D = rowsum(dO * O) before the main kernel, and the
+// fp32 dQ workspace scaled and converted to the input type after it.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "flashgen/params.h"
+
+namespace flashgen {
+
+template <class Element>
+struct alignas(16) Chunk8 {
+  Element x[8];
+};
+
+constexpr int kAuxThreads = 256;
+constexpr int kDRowsPerBlock = kAuxThreads / 32;
+
+// One warp per (batch, head, row): lane i reads elements 8i .. 8i + 7 of dO and O.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams p) {
+  static_assert(kHeadDim % 8 == 0 && kHeadDim / 8 <= 32);
+  const int64_t index = int64_t(blockIdx.x) * kDRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (index >= int64_t(p.batch) * p.heads * p.seqlen_q) return;  // a whole warp at once
+  const int row = int(index % p.seqlen_q);
+  const int batch_head = int(index / p.seqlen_q);
+  const int batch = batch_head / p.heads;
+  const int head = batch_head % p.heads;
+  float sum = 0.f;
+  if (lane < kHeadDim / 8) {
+    const auto* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
+                       row * p.do_row_stride + head * p.do_head_stride;
+    const auto* out = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
+                      row * p.o_row_stride + head * p.o_head_stride;
+    const auto d = reinterpret_cast<const Chunk8<Element>*>(dout)[lane];
+    const auto o = reinterpret_cast<const Chunk8<Element>*>(out)[lane];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) sum += float(d.x[j]) * float(o.x[j]);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  if (lane == 0) p.softmax_d[index] = sum;
+}
+
+// One thread per 8 columns of a dq row.
+template <class Element, int kHeadDim, int kHeadDimPadded>
+__global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams p) {
+  constexpr int kChunks = kHeadDim / 8;
+  const int64_t index = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x;
+  if (index >= int64_t(p.batch) * p.heads * p.seqlen_q * kChunks) return;
+  const int chunk = int(index % kChunks);
+  const int64_t row_index = index / kChunks;  // (batch, head, row)
+  const int row = int(row_index % p.seqlen_q);
+  const int batch_head = int(row_index / p.seqlen_q);
+  const int batch = batch_head / p.heads;
+  const int head = batch_head % p.heads;
+  const float4* acc = reinterpret_cast<const float4*>(
+      p.dq_accum + row_index * kHeadDimPadded + chunk * 8);
+  const float4 lo = acc[0], hi = acc[1];
+  const float values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+  Chunk8<Element> result;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) result.x[j] = Element(values[j] * p.softmax_scale);
+  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride +
+             head * p.dq_head_stride;
+  reinterpret_cast<Chunk8<Element>*>(dq)[chunk] = result;
+}
+
+}  // namespace flashgen

@@ -1,0 +1,352 @@
+// The backward kernels (FlashAttention-2 design on mma.sync).
+//
+// bwd_dkdv_kernel: one thread block per (batch, KV head, block of block_n keys). K and V stay in
+// shared memory; the block walks every query block of every query head that shares this KV head
+// (GQA: dK and dV come out summed, no expanded copies), Q and dO streaming through a ring of
+// q_stages cp.async buffers. dK and dV accumulate in registers. Each step's dQ contribution is
+// added to an fp32 workspace with atomics, unless the deterministic path is asked for.
+//
+// bwd_dq_kernel (deterministic path): one thread block per (batch, head, block of block_m
+// queries) walks the key blocks and accumulates dQ in registers, in a fixed order.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashgen/bwd_step.cuh"
+#include "flashgen/bwd_traits.cuh"
+#include "flashgen/copy.cuh"
+#include "flashgen/gemm.cuh"
+#include "flashgen/params.h"
+
+namespace flashgen {
+
+using namespace cute;
+
+// (rows, head_dim) of one (batch, head) of a (batch, seq, heads, head_dim) tensor.
+template <class Element, int kHeadDim>
+__device__ __forceinline__ auto head_rows(const void* base, int64_t batch_stride,
+                                          int64_t row_stride, int64_t head_stride, int batch,
+                                          int head, int rows) {
+  auto* ptr = static_cast<const Element*>(base) + batch * batch_stride + head * head_stride;
+  return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}),
+                     make_stride(row_stride, _1{}));
+}
+
+template <class Element, int kHeadDim>
+__device__ __forceinline__ auto head_rows_mut(void* base, int64_t batch_stride,
+                                              int64_t row_stride, int64_t head_stride, int batch,
+                                              int head, int rows) {
+  auto* ptr = static_cast<Element*>(base) + batch * batch_stride + head * head_stride;
+  return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}),
+                     make_stride(row_stride, _1{}));
+}
+
+// Registers -> shared (converted to the input type, times `scale`) -> global with 16-byte
+// coalesced stores, rows below `rows` only. The caller has made the shared tile free.
+template <class Traits, class TiledMma, class Acc, class Smem, class Gmem>
+__device__ __forceinline__ void store_tile(TiledMma const& mma, int tid, Acc const& acc,
+                                           float scale, Smem& smem, Gmem& gmem, int rows) {
+  using Element = typename Traits::Element;
+  Tensor regs = make_tensor_like<Element>(acc);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) regs(i) = Element(acc(i) * scale);
+  auto to_smem = make_tiled_copy_C(AccumulatorStoreCopy<Element>{}, mma);
+  auto thr_to_smem = to_smem.get_thread_slice(tid);
+  copy(to_smem, thr_to_smem.retile_S(regs), thr_to_smem.partition_D(smem));
+  __syncthreads();
+  typename Traits::Gmem::Store to_gmem;
+  auto thr_to_gmem = to_gmem.get_thread_slice(tid);
+  auto identity = make_identity_tensor(make_shape(size<0>(smem), size<1>(smem)));  // (row, col)
+  copy_tile<false, Traits::kHeadDim>(to_gmem, thr_to_gmem.partition_S(smem),
+                                     thr_to_gmem.partition_D(gmem),
+                                     thr_to_gmem.partition_S(identity), rows);
+}
+
+// acc (an mma accumulator) += into an fp32 (rows, kHeadDimPadded) workspace with atomics, rows
+// below `rows` only. An accumulator holds column pairs (2c, 2c + 1) of a row next to each other:
+// Hopper adds both with one 8-byte atomic.
+template <int kHeadDim, int kHeadDimPadded, class Acc, class Coords>
+__device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& acc,
+                                                 Coords const& coords, int row0, int rows) {
+  static_assert(kHeadDim % 2 == 0);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int row = row0 + get<0>(coords(i));
+    const int col = get<1>(coords(i));
+    if (row < rows && col < kHeadDim) {
+      float* address = workspace + int64_t(row) * kHeadDimPadded + col;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      atomicAdd(reinterpret_cast<float2*>(address), make_float2(acc(i), acc(i + 1)));
+#else
+      atomicAdd(address, acc(i));
+      atomicAdd(address + 1, acc(i + 1));
+#endif
+    }
+  }
+}
+
+template <class Traits, bool kCausal>
+__global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimPadded = Traits::kHeadDimPadded;
+  constexpr int kQStages = Traits::kQStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDimPadded>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDimPadded>>;
+
+  extern __shared__ char smem[];
+  const int tid = threadIdx.x;
+
+  const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  const int n_block = int(blockIdx.x % num_n_blocks);
+  const int batch_head_kv = int(blockIdx.x / num_n_blocks);
+  const int batch = batch_head_kv / p.heads_kv;
+  const int head_kv = batch_head_kv % p.heads_kv;
+  const int group = p.heads / p.heads_kv;
+
+  // Query blocks that see a key of this block: all, or under causal masking those from the
+  // first row whose diagonal reaches the block's first key. Steps run over (query head in the
+  // group, query block); none left means dK = dV = 0.
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block_min = kCausal ? max(0, n_block * kBlockN - p.causal_offset) / kBlockM : 0;
+  const int m_steps = max(0, num_m_blocks - m_block_min);
+  const int steps = group * m_steps;
+  const int kv_rows = p.seqlen_k - n_block * kBlockN;
+
+  Tensor gK = local_tile(head_rows<Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride,
+                                                      p.k_head_stride, batch, head_kv, p.seqlen_k),
+                         TileKV{}, make_coord(n_block, 0));  // (BLK_N, HDP)
+  Tensor gV = local_tile(head_rows<Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride,
+                                                      p.v_head_stride, batch, head_kv, p.seqlen_k),
+                         TileKV{}, make_coord(n_block, 0));
+
+  // Shared memory: the Q ring, the dO ring, K, V, P, dS.
+  using SmemQ = typename Traits::SmemLayoutQ;
+  using SmemK = typename Traits::SmemLayoutK;
+  using SmemP = typename Traits::SmemLayoutP;
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), SmemQ{});  // (BLK_M, HDP, S)
+  Tensor sdO = make_tensor(sQ.data() + cosize(SmemQ{}), SmemQ{});
+  Tensor sK = make_tensor(sdO.data() + cosize(SmemQ{}), SmemK{});    // (BLK_N, HDP)
+  Tensor sV = make_tensor(sK.data() + cosize(SmemK{}), SmemK{});
+  Tensor sP = make_tensor(sV.data() + cosize(SmemK{}), SmemP{});     // (BLK_M, BLK_N)
+  Tensor sdS = make_tensor(sP.data() + cosize(SmemP{}), SmemP{});
+  Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQt{});    // (HDP, BLK_M, S)
+  Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQt{});
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});    // (HDP, BLK_N)
+  Tensor sPt = make_tensor(sP.data(), typename Traits::SmemLayoutPt{});    // (BLK_N, BLK_M)
+  Tensor sdSt = make_tensor(sdS.data(), typename Traits::SmemLayoutPt{});
+
+  typename Traits::Gmem::Load gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));     // (CPY, CPY_M, CPY_K)
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_K)
+
+  // Step -> (query head, query block).
+  auto head_of = [&](int step) { return head_kv * group + step / m_steps; };
+  auto m_block_of = [&](int step) { return m_block_min + step % m_steps; };
+  auto load_q_do = [&](int step, int stage) {
+    const int head = head_of(step);
+    const int m_block = m_block_of(step);
+    const int rows = p.seqlen_q - m_block * kBlockM;
+    Tensor gQ = local_tile(head_rows<Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
+                                                        p.q_head_stride, batch, head, p.seqlen_q),
+                           TileQ{}, make_coord(m_block, 0));
+    Tensor gdO = local_tile(head_rows<Element, kHeadDim>(p.dout, p.do_batch_stride,
+                                                         p.do_row_stride, p.do_head_stride, batch,
+                                                         head, p.seqlen_q),
+                            TileQ{}, make_coord(m_block, 0));
+    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gQ),
+                              gmem_thr.partition_D(sQ(_, _, stage)), tQcQ, rows);
+    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gdO),
+                              gmem_thr.partition_D(sdO(_, _, stage)), tQcQ, rows);
+  };
+
+  // Prologue: K, V and the first Q/dO tile in one commit group.
+  copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gK), gmem_thr.partition_D(sK), tKVcKV,
+                            kv_rows);
+  copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gV), gmem_thr.partition_D(sV), tKVcKV,
+                            kv_rows);
+  if (steps > 0) load_q_do(0, 0);
+  cp_async_fence();
+
+  // dV += P^T dO and dK += dS^T Q: A transposed from P / dS, B transposed from dO / Q.
+  typename Traits::TiledMmadKV mma_dkv;
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto copy_dkv_a = make_tiled_copy_A(LdsmTransposedCopy<Element>{}, mma_dkv);
+  auto copy_dkv_b = make_tiled_copy_B(LdsmTransposedCopy<Element>{}, mma_dkv);
+  // Register fragments shared by both GEMMs (same operand shapes).
+  Tensor tdKVrA = thr_dkv.partition_fragment_A(sPt);              // (MMA, MMA_N, MMA_K)
+  Tensor tdKVrB = thr_dkv.partition_fragment_B(sdOt(_, _, 0));    // (MMA, MMA_HD, MMA_K)
+  Tensor tdVsPt = copy_dkv_a.get_thread_slice(tid).partition_S(sPt);
+  Tensor tdKsdSt = copy_dkv_a.get_thread_slice(tid).partition_S(sdSt);
+  Tensor tdVsdOt = copy_dkv_b.get_thread_slice(tid).partition_S(sdOt);  // (CPY, CPY_HD, CPY_K, S)
+  Tensor tdKsQt = copy_dkv_b.get_thread_slice(tid).partition_S(sQt);
+  Tensor acc_dk = partition_fragment_C(mma_dkv, TileKV{});       // (MMA, MMA_N, MMA_HD)
+  Tensor acc_dv = partition_fragment_C(mma_dkv, TileKV{});
+  clear(acc_dk);
+  clear(acc_dv);
+
+  // dQ = dS K: A from dS, B transposed from K.
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto copy_dq_a = make_tiled_copy_A(LdsmCopy<Element>{}, mma_dq);
+  auto copy_dq_b = make_tiled_copy_B(LdsmTransposedCopy<Element>{}, mma_dq);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);   // (MMA, MMA_M, MMA_K)
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);   // (MMA, MMA_HD, MMA_K)
+  Tensor tdQsdS = copy_dq_a.get_thread_slice(tid).partition_S(sdS);
+  Tensor tdQsKt = copy_dq_b.get_thread_slice(tid).partition_S(sKt);
+  Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_HD)
+
+  CUTE_NO_UNROLL
+  for (int step = 0; step < steps; ++step) {
+    const int stage = kQStages == 1 ? 0 : step % kQStages;
+    if (kQStages == 1 && step > 0) {
+      __syncthreads();  // every warp is done with the previous step's Q and dO
+      load_q_do(step, 0);
+      cp_async_fence();
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    // Every warp is past the previous step, so its buffers can take the next step's tiles.
+    if (kQStages == 2 && step + 1 < steps) {
+      load_q_do(step + 1, (step + 1) % kQStages);
+      cp_async_fence();
+    }
+
+    const int head = head_of(step);
+    const int m_block = m_block_of(step);
+    const int64_t row_base = (int64_t(batch) * p.heads + head) * p.seqlen_q;
+    compute_p_ds<Traits, kCausal>(p, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV, sP, sdS,
+                                  m_block, n_block, p.softmax_lse + row_base,
+                                  p.softmax_d + row_base);
+    __syncthreads();  // P and dS are in shared memory
+
+    gemm_ss(mma_dkv, acc_dv, tdKVrA, tdKVrB, tdVsPt, tdVsdOt(_, _, _, stage), copy_dkv_a,
+            copy_dkv_b);
+    gemm_ss(mma_dkv, acc_dk, tdKVrA, tdKVrB, tdKsdSt, tdKsQt(_, _, _, stage), copy_dkv_a,
+            copy_dkv_b);
+
+    if (p.dq_accum != nullptr) {
+      Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_HD)
+      clear(acc_dq);
+      gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
+      add_to_workspace<kHeadDim, kHeadDimPadded>(p.dq_accum + row_base * kHeadDimPadded,
+                                                 acc_dq, tdQcdQ, m_block * kBlockM, p.seqlen_q);
+    }
+  }
+
+  // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were.
+  cp_async_wait<0>();
+  __syncthreads();
+  Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
+                                                           p.dk_row_stride, p.dk_head_stride,
+                                                           batch, head_kv, p.seqlen_k),
+                          TileKV{}, make_coord(n_block, 0));
+  Tensor gdV = local_tile(head_rows_mut<Element, kHeadDim>(p.dv, p.dv_batch_stride,
+                                                           p.dv_row_stride, p.dv_head_stride,
+                                                           batch, head_kv, p.seqlen_k),
+                          TileKV{}, make_coord(n_block, 0));
+  store_tile<Traits>(mma_dkv, tid, acc_dk, p.softmax_scale, sK, gdK, kv_rows);
+  store_tile<Traits>(mma_dkv, tid, acc_dv, 1.f, sV, gdV, kv_rows);
+}
+
+template <class Traits, bool kCausal>
+__global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimPadded = Traits::kHeadDimPadded;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDimPadded>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDimPadded>>;
+
+  extern __shared__ char smem[];
+  const int tid = threadIdx.x;
+
+  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block = num_m_blocks - 1 - int(blockIdx.x % num_m_blocks);
+  const int batch_head = int(blockIdx.x / num_m_blocks);
+  const int batch = batch_head / p.heads;
+  const int head = batch_head % p.heads;
+  const int head_kv = head / (p.heads / p.heads_kv);
+  const int rows = p.seqlen_q - m_block * kBlockM;
+  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
+  if constexpr (kCausal) {
+    const int last_visible_col = m_block * kBlockM + min(rows, kBlockM) - 1 + p.causal_offset;
+    n_block_max = last_visible_col < 0 ? 0 : min(n_block_max, last_visible_col / kBlockN + 1);
+  }
+
+  // The same shared-memory carve-up as bwd_dkdv_kernel; Q and dO use stage 0.
+  using SmemQ = typename Traits::SmemLayoutQ;
+  using SmemK = typename Traits::SmemLayoutK;
+  using SmemP = typename Traits::SmemLayoutP;
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), SmemQ{});
+  Tensor sdO = make_tensor(sQ.data() + cosize(SmemQ{}), SmemQ{});
+  Tensor sK = make_tensor(sdO.data() + cosize(SmemQ{}), SmemK{});
+  Tensor sV = make_tensor(sK.data() + cosize(SmemK{}), SmemK{});
+  Tensor sP = make_tensor(sV.data() + cosize(SmemK{}), SmemP{});
+  Tensor sdS = make_tensor(sP.data() + cosize(SmemP{}), SmemP{});
+  Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});
+
+  typename Traits::Gmem::Load gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
+  Tensor gQ = local_tile(head_rows<Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
+                                                      p.q_head_stride, batch, head, p.seqlen_q),
+                         TileQ{}, make_coord(m_block, 0));
+  Tensor gdO = local_tile(head_rows<Element, kHeadDim>(p.dout, p.do_batch_stride, p.do_row_stride,
+                                                       p.do_head_stride, batch, head, p.seqlen_q),
+                          TileQ{}, make_coord(m_block, 0));
+  Tensor mK = head_rows<Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
+                                           batch, head_kv, p.seqlen_k);
+  Tensor mV = head_rows<Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
+                                           batch, head_kv, p.seqlen_k);
+  copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gQ),
+                            gmem_thr.partition_D(sQ(_, _, 0)), tQcQ, rows);
+  copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gdO),
+                            gmem_thr.partition_D(sdO(_, _, 0)), tQcQ, rows);
+  cp_async_fence();
+
+  typename Traits::TiledMmadQ mma_dq;
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+  auto copy_dq_a = make_tiled_copy_A(LdsmCopy<Element>{}, mma_dq);
+  auto copy_dq_b = make_tiled_copy_B(LdsmTransposedCopy<Element>{}, mma_dq);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor tdQsdS = copy_dq_a.get_thread_slice(tid).partition_S(sdS);
+  Tensor tdQsKt = copy_dq_b.get_thread_slice(tid).partition_S(sKt);
+  Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
+  clear(acc_dq);
+
+  const int64_t row_base = (int64_t(batch) * p.heads + head) * p.seqlen_q;
+  CUTE_NO_UNROLL
+  for (int n_block = 0; n_block < n_block_max; ++n_block) {
+    __syncthreads();  // every warp is done with the previous key block
+    const int kv_rows = p.seqlen_k - n_block * kBlockN;
+    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mK, TileKV{}, make_coord(n_block, 0))),
+                              gmem_thr.partition_D(sK), tKVcKV, kv_rows);
+    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mV, TileKV{}, make_coord(n_block, 0))),
+                              gmem_thr.partition_D(sV), tKVcKV, kv_rows);
+    cp_async_fence();
+    cp_async_wait<0>();
+    __syncthreads();
+    compute_p_ds<Traits, kCausal>(p, tid, sQ(_, _, 0), sdO(_, _, 0), sK, sV, sP, sdS, m_block,
+                                  n_block, p.softmax_lse + row_base, p.softmax_d + row_base);
+    __syncthreads();
+    gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
+  }
+
+  cp_async_wait<0>();  // a block with no key block still has Q and dO in flight
+  __syncthreads();
+  Tensor gdQ = local_tile(head_rows_mut<Element, kHeadDim>(p.dq, p.dq_batch_stride,
+                                                           p.dq_row_stride, p.dq_head_stride,
+                                                           batch, head, p.seqlen_q),
+                          TileQ{}, make_coord(m_block, 0));
+  Tensor sdQ = sQ(_, _, 0);
+  store_tile<Traits>(mma_dq, tid, acc_dq, p.softmax_scale, sdQ, gdQ, rows);
+}
+
+}  // namespace flashgen

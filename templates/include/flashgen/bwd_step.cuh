@@ -1,0 +1,89 @@
+// The step both backward kernels share: recompute one (block_m, block_n) tile of the attention
+// probabilities from Q, K and the forward's log-sum-exp, and its score gradient, and leave
+//   P  = exp(S * scale - lse)          S = Q K^T
+//   dS = P * (dP - D)                  dP = dO V^T, D = rowsum(dO * O)
+// in shared memory in the input type, for the GEMMs that consume them.
+#pragma once
+
+#include <cmath>
+#include <cute/tensor.hpp>
+
+#include "flashgen/gemm.cuh"
+#include "flashgen/mask.cuh"
+#include "flashgen/params.h"
+#include "flashgen/softmax.cuh"
+#include "flashgen/tiling.cuh"
+
+namespace flashgen {
+
+using namespace cute;
+
+// sQ, sdO: (block_m, head_dim); sK, sV: (block_n, head_dim); sP, sdS: (block_m, block_n).
+// lse and softmax_d point at this (batch, head)'s rows.
+template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP>
+__device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ const& sQ,
+                                             SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
+                                             SmemP& sP, SmemP& sdS, int m_block, int n_block,
+                                             const float* lse, const float* softmax_d) {
+  using Element = typename Traits::Element;
+  using TileS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
+  typename Traits::TiledMmaSdP mma;
+  auto thr_mma = mma.get_thread_slice(tid);
+  auto copy_a = make_tiled_copy_A(LdsmCopy<Element>{}, mma);
+  auto copy_b = make_tiled_copy_B(LdsmCopy<Element>{}, mma);
+  auto thr_a = copy_a.get_thread_slice(tid);
+  auto thr_b = copy_b.get_thread_slice(tid);
+
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K)
+  Tensor tdPrdO = thr_mma.partition_fragment_A(sdO);
+  Tensor tdPrV = thr_mma.partition_fragment_B(sV);
+  Tensor acc_s = partition_fragment_C(mma, TileS{});   // (MMA, MMA_M, MMA_N)
+  Tensor acc_dp = partition_fragment_C(mma, TileS{});
+  clear(acc_s);
+  clear(acc_dp);
+  gemm_ss(mma, acc_s, tSrQ, tSrK, thr_a.partition_S(sQ), thr_b.partition_S(sK), copy_a, copy_b);
+  gemm_ss(mma, acc_dp, tdPrdO, tdPrV, thr_a.partition_S(sdO), thr_b.partition_S(sV), copy_a,
+          copy_b);
+
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(TileS{}));  // (row, col) in the tile
+  const int row0 = m_block * Traits::kBlockM;
+  if (tile_needs_mask<kCausal, Traits::kBlockM, Traits::kBlockN>(m_block, n_block, p.seqlen_k,
+                                                                 p.causal_offset)) {
+    apply_mask<kCausal>(acc_s, tScS, row0, n_block * Traits::kBlockN, p.seqlen_k,
+                        p.causal_offset);
+  }
+
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));      // (rows, cols)
+  Tensor dp = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
+  Tensor coords = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
+  CUTE_UNROLL
+  for (int r = 0; r < size<0>(s); ++r) {
+    const int row = row0 + get<0>(coords(r, 0));
+    // Rows past seqlen_q (zero-filled Q and dO) and rows that saw no key (lse -inf) get P = 0:
+    // exp2(x - inf) = 0 for every x, masked or not.
+    const float row_lse = row < p.seqlen_q ? lse[row] : -INFINITY;
+    const float lse_log2 = row_lse == -INFINITY ? INFINITY : row_lse * 1.4426950408889634f;
+    const float d = row < p.seqlen_q ? softmax_d[row] : 0.f;
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(s); ++c) {
+      const float prob = exp2f(s(r, c) * p.scale_log2 - lse_log2);
+      s(r, c) = prob;
+      dp(r, c) = prob * (dp(r, c) - d);
+    }
+  }
+
+  auto store = make_tiled_copy_C(AccumulatorStoreCopy<Element>{}, mma);
+  auto thr_store = store.get_thread_slice(tid);
+  Tensor p_regs = make_tensor_like<Element>(acc_s);
+  Tensor ds_regs = make_tensor_like<Element>(acc_dp);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    p_regs(i) = Element(acc_s(i));
+    ds_regs(i) = Element(acc_dp(i));
+  }
+  copy(store, thr_store.retile_S(p_regs), thr_store.partition_D(sP));
+  copy(store, thr_store.retile_S(ds_regs), thr_store.partition_D(sdS));
+}
+
+}  // namespace flashgen

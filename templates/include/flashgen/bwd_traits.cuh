@@ -1,0 +1,69 @@
+// Every compile-time choice of the backward kernels, derived from the config's backward tile:
+// block_m query rows per step, block_n keys per thread block, warps, q_stages (Q/dO buffers).
+//
+// Five GEMMs per (block_m, block_n) tile, each with its own warp grid:
+//   S  = Q K^T, dP = dO V^T      (block_m, block_n)    MmaSdP
+//   dV += P^T dO, dK += dS^T Q   (block_n, head_dim)   MmadKV
+//   dQ  = dS K                   (block_m, head_dim)   MmadQ
+// P and dS go through shared memory, where the transposed reads come for free (ldmatrix.trans).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashgen/tiling.cuh"
+
+namespace flashgen {
+
+using namespace cute;
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kQStages = kQStages_;
+  static constexpr int kBlockK = row_chunk(kHeadDim);
+  static constexpr int kHeadDimPadded = padded_to_chunk(kHeadDim);
+
+  static_assert(kHeadDim % 8 == 0, "head_dim must be a multiple of 8 (16-byte loads)");
+  static_assert(kQStages == 1 || kQStages == 2, "q_stages must be 1 or 2");
+  static_assert(kBlockN % 32 == 0, "block_n must be a multiple of 32 (P's shared-memory rows)");
+
+  static constexpr int kWarpsMSdP = warps_along_m(kBlockM, kBlockN, kWarps);
+  static constexpr int kWarpsNdKV = warps_along_m(kBlockN, kHeadDimPadded, kWarps);
+  static constexpr int kWarpsMdQ = warps_along_m(kBlockM, kHeadDimPadded, kWarps);
+  static_assert(kWarpsMSdP > 0 && kWarpsNdKV > 0 && kWarpsMdQ > 0,
+                "block_m, block_n and head_dim must each split into 16 x 16 tiles per warp");
+  using TiledMmaSdP = WarpGridMma<Element, kWarps, kWarpsMSdP>;
+  using TiledMmadKV = WarpGridMma<Element, kWarps, kWarpsNdKV>;
+  using TiledMmadQ = WarpGridMma<Element, kWarps, kWarpsMdQ>;
+
+  using SmemLayoutAtom = SwizzledAtom<kBlockK>;
+  // Q and dO: a ring of q_stages tiles, (block_m, head_dim, stage); read transposed as the B
+  // operand of dK += dS^T Q and dV += P^T dO.
+  using SmemLayoutQ = decltype(tile_to_shape(
+      SmemLayoutAtom{}, Shape<Int<kBlockM>, Int<kHeadDimPadded>, Int<kQStages>>{}));
+  using SmemLayoutQt = TransposedStagesView<SmemLayoutQ, kBlockM, kHeadDimPadded, kQStages>;
+  // K and V stay for the whole kernel; K read transposed as the B operand of dQ = dS K. The
+  // dK and dV tiles are staged in their place for the coalesced store.
+  using SmemLayoutK = decltype(tile_to_shape(SmemLayoutAtom{},
+                                             Shape<Int<kBlockN>, Int<kHeadDimPadded>>{}));
+  using SmemLayoutKt = TransposedView<SmemLayoutK, kBlockN, kHeadDimPadded>;
+  // P and dS, (block_m, block_n); read transposed as the A operand of dV and dK.
+  using SmemLayoutP = decltype(tile_to_shape(SwizzledAtom<row_chunk(kBlockN)>{},
+                                             Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  using SmemLayoutPt = TransposedView<SmemLayoutP, kBlockM, kBlockN>;
+
+  static constexpr int kSmemBytes =
+      int(sizeof(Element)) * (2 * cosize(SmemLayoutQ{}) + 2 * cosize(SmemLayoutK{}) +
+                              2 * cosize(SmemLayoutP{}));
+
+  using Gmem = GmemCopies<Element, kThreads, kBlockK>;
+  static_assert(kBlockM % Gmem::kRowsPerCopy == 0 && kBlockN % Gmem::kRowsPerCopy == 0,
+                "block_m and block_n must be multiples of warps * 32 / (row chunk / 8)");
+};
+
+}  // namespace flashgen

@@ -1,0 +1,23 @@
+// Host helpers shared by the forward and backward launchers.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace flashgen {
+
+// Above 48 KB of dynamic shared memory a kernel must opt in; cheap, and per device, so done on
+// every launch.
+template <class Kernel>
+cudaError_t opt_in_shared_memory(Kernel kernel, int bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+// A 1-D grid of `blocks`, or an error if it does not fit one.
+inline cudaError_t check_grid(int64_t blocks) {
+  return blocks > INT_MAX ? cudaErrorInvalidConfiguration : cudaSuccess;
+}
+
+}  // namespace flashgen
