@@ -1,9 +1,11 @@
 """`flashgen bench`: flashgen against PyTorch's SDPA backends, in one process, on one GPU.
 
 FlashAttention's convention: batch * seqlen = 16k tokens, heads * head_dim = 2048. Forward FLOPs
-are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal. Times are medians of
-CUDA-event-timed calls after warm-up, on fresh random inputs, rotating input sets when they
-would fit in L2.
+are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal; the backward counts
+2.5x the forward (five matmuls to the forward's two), forward + backward 3.5x. Times are medians
+of CUDA-event-timed calls after warm-up, on fresh random inputs, rotating input sets when they
+would fit in L2. Each cell is measured per mode: fwd (the forward), bwd (out.backward(dout) of a
+forward run once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
 """
 
 from __future__ import annotations
@@ -21,12 +23,29 @@ IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_
 PEER = "FLASH_ATTENTION"  # FlashAttention-2: the ratio column
 DEFAULT_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (64, 128, 256),
                 "seqlens": (512, 1024, 2048, 4096, 8192, 16384), "causal": (False, True)}
-SCHEMA_VERSION = 1
+MODES = ("fwd", "bwd", "fwd_bwd")
+DEFAULT_MODES = ("fwd", "bwd")
+MODE_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # FlashAttention's count, per forward
+SCHEMA_VERSION = 2  # 2: cells of every mode, results may be {"unsupported": why}
+RESULT_FORMS = ({"ms", "tflops"}, {"error"}, {"unsupported"})
+CELL_KEYS = {"mode", "dtype", "head_dim", "causal", "seqlen", "batch", "heads", "flops", "results"}
+
+MEMORY_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+MEMORY_IMPLS = ("flashgen", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+MEMORY_MODES = ("fwd", "fwd_bwd")  # a backward's peak includes what its forward saved
+# Bytes per token may rise this much from the smallest to the largest seqlen and still count as
+# linear (allocator rounding); MATH's quadratic score matrix raises it 11x from 1k to 16k.
+LINEAR_TOLERANCE = 1.25
 
 
 def forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal) -> float:
     flops = 4.0 * batch * heads * seqlen_q * seqlen_k * head_dim
     return flops / 2 if causal else flops
+
+
+def mode_flops(mode: str, batch, heads, seqlen_q, seqlen_k, head_dim, causal) -> float:
+    return FLOP_FACTOR[mode] * forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal)
 
 
 def grid_shape(seqlen: int, head_dim: int) -> tuple[int, int]:
@@ -39,21 +58,51 @@ def input_sets(set_bytes: int, l2_bytes: int) -> int:
     return max(1, min(8, math.ceil(4 * l2_bytes / max(1, set_bytes))))
 
 
-def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30) -> float:
-    """Median of CUDA-event-timed calls, rotating through the input sets."""
+def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
+    """Median of CUDA-event-timed calls, rotating through the input sets. reset(*input set), if
+    given, runs untimed before each call."""
     import torch
 
-    for i in range(warmup):
-        fn(*inputs[i % len(inputs)])
     times = []
-    for i in range(repeats):
+    for i in range(warmup + repeats):
+        args = inputs[i % len(inputs)]
+        if reset is not None:
+            reset(*args)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(*inputs[i % len(inputs)])
+        fn(*args)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        if i >= warmup:
+            times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def timed_call(mode: str, fn, inputs: list) -> tuple:
+    """(fn, input sets, reset) for time_ms, timing `mode` of the implementation fn; call it inside
+    backend(name). As FlashAttention's benchmark_backward and benchmark_combined: one untimed
+    forward per input set gives the graph (bwd) and the shape of dout, random like a real
+    gradient; gradients are set to None before each call, so accumulating into them adds no work."""
+    import torch
+
+    if mode == "fwd":
+        return fn, inputs, None
+    sets = []
+    for tensors in inputs:
+        q, k, v = (t.detach().requires_grad_() for t in tensors)  # shares the inputs' memory
+        out = fn(q, k, v)
+        sets.append((q, k, v, out if mode == "bwd" else None, torch.randn_like(out)))
+    if mode == "bwd":
+        return _backward, sets, _clear_grads
+    return (lambda q, k, v, _, dout: fn(q, k, v).backward(dout)), sets, _clear_grads
+
+
+def _backward(q, k, v, out, dout):
+    out.backward(dout, retain_graph=True)
+
+
+def _clear_grads(q, k, v, *_):
+    q.grad = k.grad = v.grad = None
 
 
 def implementation(name: str, causal: bool):
@@ -79,7 +128,9 @@ def backend(name: str):
     return contextlib.nullcontext() if name == "flashgen" else sdpa_kernel(getattr(SDPBackend, name))
 
 
-def measure_cell(dtype: str, head_dim: int, causal: bool, seqlen: int, impls) -> dict:
+def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
+                  modes=DEFAULT_MODES) -> list[dict]:
+    """One cell per mode for this shape, every implementation timed on the same inputs."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
@@ -88,18 +139,32 @@ def measure_cell(dtype: str, head_dim: int, causal: bool, seqlen: int, impls) ->
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     inputs = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch_dtype)
                for _ in range(3)] for _ in range(input_sets(set_bytes, l2))]
-    flops = forward_flops(batch, heads, seqlen, seqlen, head_dim, causal)
-    cell = {"mode": "fwd", "dtype": dtype, "head_dim": head_dim, "causal": causal,
-            "seqlen": seqlen, "batch": batch, "heads": heads, "flops": flops, "results": {}}
+    cells = [{"mode": mode, "dtype": dtype, "head_dim": head_dim, "causal": causal,
+              "seqlen": seqlen, "batch": batch, "heads": heads,
+              "flops": mode_flops(mode, batch, heads, seqlen, seqlen, head_dim, causal),
+              "results": {}} for mode in modes]
     for name in impls:
-        try:
-            with backend(name):
-                ms = time_ms(implementation(name, causal), inputs)
-            cell["results"][name] = {"ms": ms, "tflops": flops / ms / 1e9}
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as e:  # backend can't run this shape
-            cell["results"][name] = {"error": str(e).splitlines()[0][:200]}
-        torch.cuda.empty_cache()
-    return cell
+        for cell in cells:
+            cell["results"][name] = measure(name, cell["mode"], causal, inputs, cell["flops"])
+            torch.cuda.empty_cache()
+    return cells
+
+
+def measure(name: str, mode: str, causal: bool, inputs: list, flops: float) -> dict:
+    """{"ms", "tflops"} of one implementation in one mode, or why it did not run."""
+    try:
+        with backend(name):
+            fn, sets, reset = timed_call(mode, implementation(name, causal), inputs)
+            ms = time_ms(fn, sets, reset=reset)
+        return {"ms": ms, "tflops": flops / ms / 1e9}
+    except NotImplementedError as e:  # a subclass of RuntimeError: caught first
+        return {"unsupported": _first_line(e)}
+    except RuntimeError as e:  # out of memory, or the backend has no kernel for this shape
+        return {"error": _first_line(e)}
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
 
 
 def ratio(cell: dict, name: str = "flashgen", peer: str = PEER) -> float | None:
@@ -109,12 +174,18 @@ def ratio(cell: dict, name: str = "flashgen", peer: str = PEER) -> float | None:
     return None
 
 
+def tflops_text(result: dict | None) -> str:
+    """TFLOP/s with one decimal; n/a when it did not run (out of memory, no kernel for the
+    shape) or was not measured; unsupported when the implementation lacks the mode."""
+    if result and "tflops" in result:
+        return f"{result['tflops']:.1f}"
+    return "unsupported" if result and "unsupported" in result else "n/a"
+
+
 def format_cell(cell: dict) -> str:
-    parts = [f"{cell['dtype']} hd{cell['head_dim']:<3d} {'causal' if cell['causal'] else 'full  '}"
-             f" seqlen {cell['seqlen']:6d}"]
-    for name, result in cell["results"].items():
-        value = f"{result['tflops']:6.1f}" if "tflops" in result else "   n/a"
-        parts.append(f"{name} {value}")
+    parts = [f"{cell['mode']:7s} {cell['dtype']} hd{cell['head_dim']:<3d} "
+             f"{'causal' if cell['causal'] else 'full  '} seqlen {cell['seqlen']:6d}"]
+    parts += [f"{name} {tflops_text(result):>6s}" for name, result in cell["results"].items()]
     r = ratio(cell)
     parts.append(f"flashgen/{PEER} {r:.2f}x" if r else f"flashgen/{PEER} n/a")
     return "  ".join(parts)
@@ -156,17 +227,27 @@ def _git_commit() -> str | None:
         return None
 
 
-def run(dtypes, head_dims, seqlens, causal, impls=IMPLEMENTATIONS, log=print) -> dict:
-    """Measures every cell of the grid; returns the result document (see check_schema)."""
+def run(dtypes, head_dims, seqlens, causal, impls=IMPLEMENTATIONS, modes=DEFAULT_MODES,
+        log=print) -> dict:
+    """Measures every cell of the grid in every mode; returns the result document (see
+    check_schema)."""
     cells = []
     for dtype in dtypes:
         for head_dim in head_dims:
             for is_causal in causal:
                 for seqlen in seqlens:
-                    cell = measure_cell(dtype, head_dim, is_causal, seqlen, impls)
-                    cells.append(cell)
-                    log(format_cell(cell))
+                    for cell in measure_cells(dtype, head_dim, is_causal, seqlen, impls, modes):
+                        cells.append(cell)
+                        log(format_cell(cell))
     return {"schema": SCHEMA_VERSION, "environment": environment(), "cells": cells}
+
+
+def upgraded(result: dict) -> dict:
+    """A results document in the current schema: version 1 held forward cells only."""
+    if result.get("schema") == 1 and isinstance(result.get("cells"), list):
+        cells = [{**cell, "mode": "fwd"} for cell in result["cells"]]
+        return {**result, "schema": SCHEMA_VERSION, "cells": cells}
+    return result
 
 
 def check_schema(result: dict) -> None:
@@ -175,38 +256,64 @@ def check_schema(result: dict) -> None:
         raise ValueError(f"schema version {result.get('schema')!r}, expected {SCHEMA_VERSION}")
     if not isinstance(result.get("environment"), dict) or "gpu" not in result["environment"]:
         raise ValueError("environment with at least 'gpu' is required")
-    keys = {"mode", "dtype", "head_dim", "causal", "seqlen", "batch", "heads", "flops", "results"}
-    for cell in result.get("cells", []):
-        if set(cell) != keys:
-            raise ValueError(f"cell keys {sorted(cell)} != {sorted(keys)}")
-        for name, value in cell["results"].items():
-            if not ("tflops" in value and "ms" in value) and "error" not in value:
-                raise ValueError(f"result of {name} needs ms and tflops, or an error")
+    if not isinstance(result.get("cells"), list):
+        raise ValueError("cells must be a list")
+    for cell in result["cells"]:
+        _check_cell(cell)
+
+
+def _check_cell(cell: dict) -> None:
+    if set(cell) != CELL_KEYS:
+        raise ValueError(f"cell keys {sorted(cell)} != {sorted(CELL_KEYS)}")
+    mode = cell["mode"]
+    if mode not in MODES:
+        raise ValueError(f"cell mode {mode!r} is not one of {list(MODES)}")
+    flops = mode_flops(mode, cell["batch"], cell["heads"], cell["seqlen"], cell["seqlen"],
+                       cell["head_dim"], cell["causal"])
+    if not math.isclose(cell["flops"], flops, rel_tol=1e-9):
+        raise ValueError(f"{mode} cell at seqlen {cell['seqlen']} has flops {cell['flops']:.6g}; "
+                         f"its shape gives {flops:.6g} ({FLOP_FACTOR[mode]:g} x forward)")
+    for name, value in cell["results"].items():
+        if set(value) not in RESULT_FORMS:
+            raise ValueError(f"result of {name} needs ms and tflops, an error, or unsupported; "
+                             f"got keys {sorted(value)}")
 
 
 def markdown(result: dict) -> str:
+    """One section per mode, in MODES order; in it, one table per (dtype, head dim, causality)."""
     env = result["environment"]
     lines = [f"# flashgen bench: {env['gpu']}", "",
              f"{env['date']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"driver {env.get('driver')}, flashgen {env['flashgen']} ({env.get('flashgen_commit')})",
-             "", "TFLOP/s; the last column is flashgen / FLASH_ATTENTION (FlashAttention-2).", ""]
+             "", "TFLOP/s; the last column is flashgen / FLASH_ATTENTION (FlashAttention-2). n/a: "
+             "did not run (out of memory, or no kernel for the shape); unsupported: the "
+             "implementation lacks that mode.", ""]
     impls = [n for n in IMPLEMENTATIONS if any(n in c["results"] for c in result["cells"])]
-    groups: dict[tuple, list] = {}
-    for cell in result["cells"]:
-        groups.setdefault((cell["mode"], cell["dtype"], cell["head_dim"], cell["causal"]),
-                          []).append(cell)
-    for (mode, dtype, head_dim, causal), cells in groups.items():
-        lines += [f"## {mode} {dtype} head dim {head_dim} {'causal' if causal else 'non-causal'}",
-                  "", "| seqlen | " + " | ".join(impls) + " | ratio |",
-                  "|---" * (len(impls) + 2) + "|"]
-        for cell in cells:
-            values = [f"{cell['results'][n]['tflops']:.1f}" if "tflops" in cell["results"].get(n, {})
-                      else "n/a" for n in impls]
-            r = ratio(cell)
-            lines.append(f"| {cell['seqlen']} | " + " | ".join(values) +
-                         f" | {f'{r:.2f}' if r else 'n/a'} |")
-        lines.append("")
+    for mode in modes_of(result):
+        lines += [f"## {mode}: {MODE_NAMES[mode]} (FLOPs = {FLOP_FACTOR[mode]:g} x forward)", ""]
+        groups: dict[tuple, list] = {}
+        for cell in (c for c in result["cells"] if c["mode"] == mode):
+            groups.setdefault((cell["dtype"], cell["head_dim"], cell["causal"]), []).append(cell)
+        for cells in groups.values():
+            lines += _markdown_table(cells, impls)
     return "\n".join(lines)
+
+
+def _markdown_table(cells: list[dict], impls: list[str]) -> list[str]:
+    """A heading and a table over seqlen for cells of one (mode, dtype, head dim, causality)."""
+    first = cells[0]
+    lines = [f"### {first['mode']} {first['dtype']} head dim {first['head_dim']} "
+             f"{'causal' if first['causal'] else 'non-causal'}", "",
+             "| seqlen | " + " | ".join(impls) + " | ratio |", "|---" * (len(impls) + 2) + "|"]
+    for cell in cells:
+        r = ratio(cell)
+        values = [tflops_text(cell["results"].get(n)) for n in impls] + [f"{r:.2f}" if r else "n/a"]
+        lines.append(f"| {cell['seqlen']} | " + " | ".join(values) + " |")
+    return lines + [""]
+
+
+def modes_of(result: dict) -> list[str]:
+    return [m for m in MODES if any(c["mode"] == m for c in result["cells"])]
 
 
 def write(result: dict, out_dir: Path) -> list[Path]:
@@ -218,27 +325,36 @@ def write(result: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def plot(result: dict, png: Path) -> Path:
-    """TFLOP/s against seqlen, one panel per (dtype, head dim, causality). Needs matplotlib; runs
-    anywhere, so a GPU run's JSON can be plotted on any machine."""
+def plot(result: dict, png: Path) -> list[Path]:
+    """One figure per mode, <png's stem>-<mode>.png (one figure of 2 x 12 panels would be
+    unreadable): TFLOP/s against seqlen, one panel per (dtype, head dim, causality). Needs
+    matplotlib; runs anywhere, so a GPU run's JSON can be plotted on any machine."""
+    check_schema(result)
+    return [_plot_mode([c for c in result["cells"] if c["mode"] == mode],
+                       f"flashgen {MODE_NAMES[mode]}, {result['environment']['gpu']}",
+                       png.with_name(f"{png.stem}-{mode}.png")) for mode in modes_of(result)]
+
+
+def _plot_mode(mode_cells: list, title: str, png: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    check_schema(result)
-    panels = sorted({(c["dtype"], c["head_dim"], c["causal"]) for c in result["cells"]})
+    panels = sorted({(c["dtype"], c["head_dim"], c["causal"]) for c in mode_cells})
     columns = 3
     rows = math.ceil(len(panels) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5 * columns, 3.6 * rows), squeeze=False)
     for ax, (dtype, head_dim, causal) in zip(axes.flat, panels):
-        cells = sorted((c for c in result["cells"] if (c["dtype"], c["head_dim"], c["causal"])
+        cells = sorted((c for c in mode_cells if (c["dtype"], c["head_dim"], c["causal"])
                         == (dtype, head_dim, causal)), key=lambda c: c["seqlen"])
         for name in IMPLEMENTATIONS:
             points = [(c["seqlen"], c["results"][name]["tflops"]) for c in cells
                       if "tflops" in c["results"].get(name, {})]
             if points:
-                ax.plot(*zip(*points), marker="o", label=name, linewidth=2.5 if name == "flashgen" else 1)
+                ax.plot(*zip(*points), marker="o", label=name,  # same colour in every figure
+                        color=f"C{IMPLEMENTATIONS.index(name)}",
+                        linewidth=2.5 if name == "flashgen" else 1)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype} hd{head_dim} {'causal' if causal else 'non-causal'}")
         ax.set_xlabel("seqlen")
@@ -248,7 +364,7 @@ def plot(result: dict, png: Path) -> Path:
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"flashgen forward, {result['environment']['gpu']}")
+    fig.suptitle(title)
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -256,36 +372,82 @@ def plot(result: dict, png: Path) -> Path:
     return png
 
 
-def memory(seqlens=(1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072),
-           impls=("flashgen", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"), heads=16,
+def memory(seqlens=MEMORY_SEQLENS, impls=MEMORY_IMPLS, modes=MEMORY_MODES, heads=16,
            head_dim=128, log=print) -> list[dict]:
-    """Peak device memory of one forward call (batch 1), beyond the inputs, per seqlen."""
+    """One row per mode and seqlen: each implementation's peak device memory (batch 1, bf16,
+    non-causal) beyond the inputs, see peak_bytes. Logs every row, then whether each
+    implementation's peak grows linearly with seqlen."""
+    rows = []
+    for mode in modes:
+        for seqlen in seqlens:
+            row = {"mode": mode, "seqlen": seqlen,
+                   "inputs_bytes": 3 * seqlen * heads * head_dim * 2}
+            row.update((name, peak_bytes(name, mode, seqlen, heads, head_dim)) for name in impls)
+            rows.append(row)
+            log(format_memory_row(row, impls))
+    for line in growth_report(rows, impls):
+        log(line)
+    return rows
+
+
+def peak_bytes(name: str, mode: str, seqlen: int, heads: int, head_dim: int) -> int | str:
+    """Bytes of one forward call (fwd), or of a forward on inputs that require grad and its
+    backward (fwd_bwd: the gradients count, dout does not), above the inputs; or "OOM",
+    "unsupported" (no backward) or "error" (no kernel for the shape)."""
     import torch
 
-    rows = []
-    for seqlen in seqlens:
-        row = {"seqlen": seqlen, "inputs_bytes": 3 * seqlen * heads * head_dim * 2}
-        for name in impls:
-            torch.cuda.empty_cache()
-            q, k, v = (torch.randn(1, seqlen, heads, head_dim, device="cuda",
-                                   dtype=torch.bfloat16) for _ in range(3))
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            try:
-                with backend(name):
-                    out = implementation(name, causal=False)(q, k, v)
-                torch.cuda.synchronize()
-                row[name] = torch.cuda.max_memory_allocated() - base
-                del out
-            except (RuntimeError, torch.cuda.OutOfMemoryError):
-                row[name] = "OOM"
-            del q, k, v
-        rows.append(row)
-        log("seqlen {:6d}  ".format(seqlen) + "  ".join(
-            f"{n} {row[n] / 2**20:8.1f} MiB" if isinstance(row[n], int) else f"{n} {row[n]:>12s}"
-            for n in impls))
-    return rows
+    torch.cuda.empty_cache()
+    shape = (1, seqlen, heads, head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=mode == "fwd_bwd") for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16) if mode == "fwd_bwd" else None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    try:
+        with backend(name):
+            out = implementation(name, causal=False)(q, k, v)
+            if mode == "fwd_bwd":  # SDPA's out is (batch, heads, seq, dim): only its shape differs
+                out.backward(dout.view(out.shape))
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    except NotImplementedError:  # a subclass of RuntimeError: caught first
+        return "unsupported"
+    except torch.cuda.OutOfMemoryError:
+        return "OOM"
+    except RuntimeError:
+        return "error"
+
+
+def format_memory_row(row: dict, impls) -> str:
+    return f"{row['mode']:7s} seqlen {row['seqlen']:6d}  " + "  ".join(
+        f"{n} {row[n] / 2**20:8.1f} MiB" if isinstance(row[n], int) else f"{n} {row[n]:>12s}"
+        for n in impls)
+
+
+def grows_linearly(points: list[tuple[int, int]]) -> bool:
+    """Whether peak bytes, given as (seqlen, bytes), grow at most linearly with seqlen: the bytes
+    per token at the largest seqlen stay within LINEAR_TOLERANCE of the smallest measured."""
+    per_token = [peak / seqlen for seqlen, peak in sorted(points)]
+    return per_token[-1] <= LINEAR_TOLERANCE * min(per_token)
+
+
+def growth_report(rows: list[dict], impls) -> list[str]:
+    """Per mode and implementation: linear or not, with the bytes per token at the smallest and
+    largest seqlen it ran at."""
+    return [_growth_line(mode, name, [(r["seqlen"], r[name]) for r in rows if r["mode"] == mode])
+            for mode in dict.fromkeys(row["mode"] for row in rows) for name in impls]
+
+
+def _growth_line(mode: str, name: str, values: list[tuple[int, int | str]]) -> str:
+    points = sorted((n, b) for n, b in values if isinstance(b, int))
+    if len(points) < 2:
+        why = ", ".join(sorted({b for _, b in values if not isinstance(b, int)}))
+        return (f"{mode:7s} {name}: ran at {len(points)} seqlen(s), no growth to judge"
+                + (f" ({why})" if why else ""))
+    (n0, b0), (n1, b1) = points[0], points[-1]
+    return (f"{mode:7s} {name}: {'linear' if grows_linearly(points) else 'NOT linear'}, "
+            f"{b0 / n0 / 1024:.1f} KiB per token at seqlen {n0}, {b1 / n1 / 1024:.1f} at {n1}")
 
 
 def overhead_us(calls: int = 2000) -> dict:

@@ -10,11 +10,12 @@ from pathlib import Path
 from codegen import build, paths, render
 from codegen.arch import ARCHS
 from codegen.config import DTYPES, ConfigError, load_config
-from codegen.spec import enumerate_specs
+from codegen.spec import DIRECTIONS, enumerate_specs
 
 
 def _parser() -> argparse.ArgumentParser:
     from flashgen import __version__
+    from flashgen.bench import MODES
 
     parser = argparse.ArgumentParser(prog="flashgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
@@ -28,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--head-dim", type=int, action="append", help="only these head dims")
         p.add_argument("--dtype", action="append", choices=DTYPES, help="only these dtypes")
         p.add_argument("--causal", choices=("true", "false"), help="only causal or non-causal")
+        p.add_argument("--direction", action="append", choices=DIRECTIONS,
+                       help="only forward or backward kernels (default: both)")
 
     gen = sub.add_parser("generate", help="render the config's kernels and compile them")
     add_selection(gen)
@@ -44,13 +47,17 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--causal", choices=("true", "false"))
     bench.add_argument("--impl", action="append", help="implementations to time (default: all "
                        "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH)")
+    bench.add_argument("--mode", action="append", choices=MODES,
+                       help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
+                       "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd)")
     bench.add_argument("--out", type=Path, help="write results.json and results.md here")
-    bench.add_argument("--memory", action="store_true", help="peak memory of one forward call, "
-                       "seqlen 1k..128k, instead of speed")
+    bench.add_argument("--memory", action="store_true", help="peak memory of one forward call and "
+                       "of forward + backward, seqlen 1k..128k, instead of speed")
     bench.add_argument("--overhead", action="store_true",
                        help="host microseconds of a tiny call, instead of speed")
     bench.add_argument("--plot", type=Path, metavar="RESULTS_JSON",
-                       help="only plot a results.json (no GPU needed) to results.png beside it")
+                       help="only plot a results.json (no GPU needed) to results-<mode>.png "
+                       "beside it, one per mode")
 
     tune = sub.add_parser("tune", help="time candidate tiles on this GPU; --write puts the "
                           "winners into the config")
@@ -69,7 +76,8 @@ def _selected(args):
     config = load_config(config_path)
     specs = enumerate_specs(
         config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
-        causal=None if args.causal is None else [args.causal == "true"])
+        causal=None if args.causal is None else [args.causal == "true"],
+        directions=args.direction)
     return config, specs
 
 
@@ -119,13 +127,13 @@ def _bench(args) -> int:
     from flashgen import bench
 
     if args.plot:
-        png = bench.plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
-        print(f"flashgen bench: wrote {png}")
+        result = bench.upgraded(json.loads(args.plot.read_text()))
+        for png in bench.plot(result, args.plot.with_suffix(".png")):
+            print(f"flashgen bench: wrote {png}")
         return 0
-    unknown = sorted(set(args.impl or ()) - set(bench.IMPLEMENTATIONS))
-    if unknown:
-        print(f"flashgen bench: unknown --impl {unknown}; choose from "
-              f"{list(bench.IMPLEMENTATIONS)}", file=sys.stderr)
+    problem = _bench_argument_problem(args)
+    if problem:
+        print(f"flashgen bench: {problem}", file=sys.stderr)
         return 2
     import torch
 
@@ -135,9 +143,11 @@ def _bench(args) -> int:
     if args.overhead:
         print(bench.overhead_us())
         return 0
+    impls = tuple(args.impl) if args.impl else None
+    modes = tuple(args.mode) if args.mode else None
     if args.memory:
-        rows = bench.memory(seqlens=tuple(args.seqlen) if args.seqlen else
-                            (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072))
+        rows = bench.memory(seqlens=tuple(args.seqlen or bench.MEMORY_SEQLENS),
+                            impls=impls or bench.MEMORY_IMPLS, modes=modes or bench.MEMORY_MODES)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "memory.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -147,11 +157,24 @@ def _bench(args) -> int:
         dtypes=args.dtype or grid["dtypes"], head_dims=args.head_dim or grid["head_dims"],
         seqlens=args.seqlen or grid["seqlens"],
         causal=grid["causal"] if args.causal is None else (args.causal == "true",),
-        impls=tuple(args.impl) if args.impl else bench.IMPLEMENTATIONS)
+        impls=impls or bench.IMPLEMENTATIONS, modes=modes or bench.DEFAULT_MODES)
     if args.out:
         for path in bench.write(result, args.out):
             print(f"flashgen bench: wrote {path}")
     return 0
+
+
+def _bench_argument_problem(args) -> str | None:
+    """What is wrong with the bench's arguments, checked before looking for a GPU."""
+    from flashgen import bench
+
+    unknown = sorted(set(args.impl or ()) - set(bench.IMPLEMENTATIONS))
+    if unknown:
+        return f"unknown --impl {unknown}; choose from {list(bench.IMPLEMENTATIONS)}"
+    if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
+        return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
+                f"includes what its forward saved)")
+    return None
 
 
 def _tune(args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from flashgen import bench
 from flashgen.cli import main
@@ -29,33 +30,86 @@ def test_input_sets_rotate_only_when_they_fit_in_l2():
     assert bench.input_sets(1, l2) == 8
 
 
+def fake_cell(mode, seqlen, results):
+    batch, heads = bench.grid_shape(seqlen, 128)
+    return {"mode": mode, "dtype": "bf16", "head_dim": 128, "causal": True, "seqlen": seqlen,
+            "batch": batch, "heads": heads,
+            "flops": bench.mode_flops(mode, batch, heads, seqlen, seqlen, 128, True),
+            "results": results}
+
+
 def fake_result():
-    cell = {"mode": "fwd", "dtype": "bf16", "head_dim": 128, "causal": True, "seqlen": 4096,
-            "batch": 4, "heads": 16, "flops": 2.7e11,
-            "results": {"flashgen": {"ms": 1.0, "tflops": 270.0},
-                        "FLASH_ATTENTION": {"ms": 0.9, "tflops": 300.0},
-                        "MATH": {"error": "CUDA out of memory"}}}
+    """Backward cells first: the Markdown and plots order by mode, not by position."""
+    oom = {"error": "CUDA out of memory"}
+    cells = [
+        fake_cell("bwd", 4096, {"flashgen": {"unsupported": "flashgen: no backward yet"},
+                                "FLASH_ATTENTION": {"ms": 2.6, "tflops": 210.0}, "MATH": oom}),
+        fake_cell("bwd", 8192, {"flashgen": {"ms": 2.4, "tflops": 231.0},
+                                "FLASH_ATTENTION": {"ms": 2.6, "tflops": 210.0}, "MATH": oom}),
+        fake_cell("fwd", 4096, {"flashgen": {"ms": 1.0, "tflops": 270.0},
+                                "FLASH_ATTENTION": {"ms": 0.9, "tflops": 300.0}, "MATH": oom}),
+    ]
     env = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-21T00:00:00+00:00", "torch": "2.11",
            "cuda": "13.0", "cudnn": 91900, "flashgen": "0.1.0", "flashgen_commit": "abc",
            "driver": "580"}
-    return {"schema": bench.SCHEMA_VERSION, "environment": env, "cells": [cell]}
+    return {"schema": bench.SCHEMA_VERSION, "environment": env, "cells": cells}
 
 
-def test_result_document_round_trips_through_json_and_markdown(tmp_path):
+def test_backward_flops_are_2_5x_and_forward_backward_3_5x_the_forward():
+    full = 4 * 4 * 16 * 4096**2 * 128
+    assert bench.mode_flops("fwd", 4, 16, 4096, 4096, 128, False) == full
+    assert bench.mode_flops("bwd", 4, 16, 4096, 4096, 128, False) == 2.5 * full
+    assert bench.mode_flops("fwd_bwd", 4, 16, 4096, 4096, 128, False) == 3.5 * full
+    assert bench.mode_flops("bwd", 4, 16, 4096, 4096, 128, True) == 1.25 * full
+    assert fake_result()["cells"][1]["flops"] == 2.5 * 4 * 2 * 16 * 8192**2 * 128 / 2
+
+
+def test_result_document_round_trips_through_json(tmp_path):
     result = fake_result()
     json_path, md_path = bench.write(result, tmp_path)
     assert json.loads(json_path.read_text()) == result
-    md = md_path.read_text()
-    assert "| seqlen | flashgen | FLASH_ATTENTION | MATH | ratio |" in md
-    assert "| 4096 | 270.0 | 300.0 | n/a | 0.90 |" in md
-    assert bench.ratio(result["cells"][0]) == pytest.approx(0.9)
+    assert md_path.read_text() == bench.markdown(result)
+
+
+def test_markdown_has_a_section_per_mode_in_mode_order():
+    md = bench.markdown(fake_result())
+    fwd = md.index("## fwd: forward (FLOPs = 1 x forward)")
+    bwd = md.index("## bwd: backward (FLOPs = 2.5 x forward)")
+    assert fwd < md.index("### fwd bf16 head dim 128 causal") < bwd
+    assert bwd < md.index("### bwd bf16 head dim 128 causal")
+    assert md.count("| seqlen | flashgen | FLASH_ATTENTION | MATH | ratio |") == 2
+    assert fwd < md.index("| 4096 | 270.0 | 300.0 | n/a | 0.90 |") < bwd
+    assert bwd < md.index("| 4096 | unsupported | 210.0 | n/a | n/a |")
+    assert bwd < md.index("| 8192 | 231.0 | 210.0 | n/a | 1.10 |")
+    assert "fwd_bwd" not in md
+
+
+def test_screen_line_names_mode_and_ratio():
+    bwd_4k, bwd_8k, fwd = fake_result()["cells"]
+    assert bench.format_cell(fwd).startswith("fwd     bf16 hd128 causal seqlen   4096")
+    assert "flashgen/FLASH_ATTENTION 0.90x" in bench.format_cell(fwd)
+    assert "flashgen unsupported" in bench.format_cell(bwd_4k)
+    assert "MATH    n/a" in bench.format_cell(bwd_4k)
+    assert bench.format_cell(bwd_8k).startswith("bwd     ")
+    assert bench.format_cell(bwd_8k).endswith("flashgen/FLASH_ATTENTION 1.10x")
+
+
+def test_valid_result_passes_the_schema_check():
+    bench.check_schema(fake_result())
 
 
 @pytest.mark.parametrize("breakage, message", [
-    (lambda r: r.update(schema=0), "schema version"),
+    (lambda r: r.update(schema=1), "schema version 1, expected 2"),
     (lambda r: r["environment"].pop("gpu"), "environment"),
+    (lambda r: r.pop("cells"), "cells must be a list"),
     (lambda r: r["cells"][0].pop("flops"), "cell keys"),
+    (lambda r: r["cells"][0].update(mode="backward"), "cell mode 'backward' is not one of"),
+    (lambda r: r["cells"][0].update(flops=r["cells"][2]["flops"]),
+     r"bwd cell at seqlen 4096 has flops .*2.5 x forward"),
+    (lambda r: r["cells"][2].update(mode="bwd"), r"bwd cell at seqlen 4096 has flops"),
     (lambda r: r["cells"][0]["results"].update(flashgen={"ms": 1.0}), "needs ms and tflops"),
+    (lambda r: r["cells"][0]["results"]["flashgen"].update(tflops=1.0),
+     r"got keys \['tflops', 'unsupported'\]"),
 ])
 def test_malformed_results_are_rejected(breakage, message):
     result = fake_result()
@@ -64,14 +118,191 @@ def test_malformed_results_are_rejected(breakage, message):
         bench.check_schema(result)
 
 
-def test_plot_from_json_needs_no_gpu(tmp_path, capsys):
+def test_plot_from_json_needs_no_gpu_and_draws_a_figure_per_mode(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     results = tmp_path / "results.json"
     results.write_text(json.dumps(fake_result()))
     assert main(["bench", "--plot", str(results)]) == 0
-    assert (tmp_path / "results.png").stat().st_size > 1000
+    pngs = [tmp_path / "results-fwd.png", tmp_path / "results-bwd.png"]
+    assert all(png.stat().st_size > 1000 for png in pngs)
+    assert sorted(tmp_path.glob("*.png")) == sorted(pngs)
+    assert capsys.readouterr().out.split() == ["flashgen", "bench:", "wrote", str(pngs[0]),
+                                               "flashgen", "bench:", "wrote", str(pngs[1])]
+
+
+class _NoBackward(torch.autograd.Function):
+    """Stands in for an implementation without a backward (flashgen's interface._NoBackward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        return q + k + v
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError("no backward here")
+
+
+def cpu_time_ms(fn, inputs, warmup=5, repeats=30, reset=None):
+    """time_ms without CUDA events: runs the timed call twice, as the timing loop would."""
+    for _ in range(2):
+        if reset:
+            reset(*inputs[0])
+        fn(*inputs[0])
+    return 2.0
+
+
+def cpu_inputs():
+    torch.manual_seed(0)
+    return [[torch.randn(1, 8, 2, 4) for _ in range(3)]]
+
+
+@pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
+def test_timed_backward_gives_the_gradient_of_a_random_dout_without_accumulating(mode):
+    inputs = cpu_inputs()
+    with bench.backend("MATH"):
+        fn, sets, reset = bench.timed_call(mode, bench.implementation("MATH", True), inputs)
+        q, k, v, out, dout = sets[0]
+        assert (out is not None) == (mode == "bwd")  # only bwd keeps the forward's graph
+        assert q.data_ptr() == inputs[0][0].data_ptr() and not inputs[0][0].requires_grad
+        for _ in range(2):  # twice: a second backward must neither fail nor accumulate
+            reset(*sets[0])
+            fn(*sets[0])
+        expected = torch.autograd.grad(bench.implementation("MATH", True)(q, k, v), (q, k, v), dout)
+    assert dout.abs().min() > 0
+    for grad, want in zip((q.grad, k.grad, v.grad), expected):
+        torch.testing.assert_close(grad, want)
+
+
+def test_timed_forward_is_the_plain_call():
+    inputs = cpu_inputs()
+    fn = bench.implementation("MATH", False)
+    assert bench.timed_call("fwd", fn, inputs) == (fn, inputs, None)
+
+
+def raising(error):
+    def fn(q, k, v):
+        raise error
+    return fn
+
+
+@pytest.mark.parametrize("impl, mode, expected", [
+    (_NoBackward.apply, "fwd", {"ms": 2.0, "tflops": 4.0}),
+    (_NoBackward.apply, "bwd", {"unsupported": "no backward here"}),
+    (_NoBackward.apply, "fwd_bwd", {"unsupported": "no backward here"}),
+    (raising(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried 8 GiB\ndetails")), "bwd",
+     {"error": "CUDA out of memory. Tried 8 GiB"}),
+    (raising(RuntimeError("No available kernel. Aborting execution.")), "fwd",
+     {"error": "No available kernel. Aborting execution."}),
+])
+def test_each_implementation_and_mode_is_timed_or_recorded_as_not_run(monkeypatch, impl, mode,
+                                                                      expected):
+    monkeypatch.setattr(bench, "time_ms", cpu_time_ms)
+    monkeypatch.setattr(bench, "implementation", lambda name, causal: impl)
+    assert bench.measure("flashgen", mode, False, cpu_inputs(), flops=8e9) == expected
+
+
+MIB = 2**20
+MEMORY_ROWS = [  # flashgen: fixed 1 MiB + 12 KiB per token; MATH: quadratic, then out of memory
+    {"mode": "fwd_bwd", "seqlen": n, "inputs_bytes": 3 * n * 4096, "flashgen": MIB + 12 * 1024 * n,
+     "MATH": 208 * MIB * (n // 1024) ** 2 if n <= 4096 else "OOM", "CUDNN_ATTENTION": "unsupported"}
+    for n in (1024, 2048, 4096, 8192)]
+
+
+def test_memory_rows_are_formatted_per_mode_and_seqlen():
+    line = bench.format_memory_row(MEMORY_ROWS[3], ["flashgen", "MATH", "CUDNN_ATTENTION"])
+    assert line == ("fwd_bwd seqlen   8192  flashgen     97.0 MiB  MATH          OOM  "
+                    "CUDNN_ATTENTION  unsupported")
+
+
+def test_memory_growth_report_tells_linear_from_quadratic():
+    assert bench.growth_report(MEMORY_ROWS, ["flashgen", "MATH", "CUDNN_ATTENTION"]) == [
+        "fwd_bwd flashgen: linear, 13.0 KiB per token at seqlen 1024, 12.1 at 8192",
+        "fwd_bwd MATH: NOT linear, 208.0 KiB per token at seqlen 1024, 832.0 at 4096",
+        "fwd_bwd CUDNN_ATTENTION: ran at 0 seqlen(s), no growth to judge (unsupported)",
+    ]
+
+
+def test_memory_growth_needs_two_seqlens():
+    rows = [{"mode": "fwd", "seqlen": 4096, "flashgen": 16 * MIB}]
+    assert bench.growth_report(rows, ["flashgen"]) == [
+        "fwd     flashgen: ran at 1 seqlen(s), no growth to judge"]
+
+
+@pytest.mark.parametrize("per_token, linear", [((10, 10, 10), True), ((13, 11, 10), True),
+                                               ((10, 11, 12), True), ((10, 12, 13), False)])
+def test_linear_growth_allows_allocator_rounding_not_superlinear_growth(per_token, linear):
+    points = [(n, b * n) for n, b in zip((1024, 4096, 16384), per_token)]
+    assert bench.grows_linearly(points) is linear
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The bench's entry points, recording their arguments instead of needing a GPU."""
+    calls = {}
+
+    def record(name, returns):
+        def fn(**kwargs):
+            calls[name] = kwargs
+            return returns
+        monkeypatch.setattr(bench, name, fn)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    record("run", fake_result())
+    record("memory", MEMORY_ROWS)
+    return calls
+
+
+def test_bench_measures_forward_and_backward_by_default(fake_gpu, tmp_path):
+    assert main(["bench", "--seqlen", "4096", "--out", str(tmp_path)]) == 0
+    assert fake_gpu["run"]["modes"] == ("fwd", "bwd")
+    assert fake_gpu["run"]["impls"] == bench.IMPLEMENTATIONS
+    assert fake_gpu["run"]["seqlens"] == [4096]
+    assert json.loads((tmp_path / "results.json").read_text()) == fake_result()
+
+
+def test_mode_option_picks_modes(fake_gpu):
+    assert main(["bench", "--mode", "fwd_bwd", "--mode", "bwd", "--impl", "MATH"]) == 0
+    assert fake_gpu["run"]["modes"] == ("fwd_bwd", "bwd")
+    assert fake_gpu["run"]["impls"] == ("MATH",)
+
+
+def test_unknown_mode_is_rejected(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--mode", "backward"])
+    assert "invalid choice: 'backward'" in capsys.readouterr().err
+
+
+def test_memory_measures_forward_and_forward_backward_by_default(fake_gpu, tmp_path):
+    assert main(["bench", "--memory", "--out", str(tmp_path)]) == 0
+    assert fake_gpu["memory"] == {"seqlens": bench.MEMORY_SEQLENS, "impls": bench.MEMORY_IMPLS,
+                                  "modes": ("fwd", "fwd_bwd")}
+    assert json.loads((tmp_path / "memory.json").read_text()) == MEMORY_ROWS
+
+
+def test_memory_takes_mode_impl_and_seqlen(fake_gpu):
+    assert main(["bench", "--memory", "--mode", "fwd_bwd", "--impl", "flashgen",
+                 "--seqlen", "2048"]) == 0
+    assert fake_gpu["memory"] == {"seqlens": (2048,), "impls": ("flashgen",),
+                                  "modes": ("fwd_bwd",)}
+
+
+def test_memory_rejects_the_backward_alone(fake_gpu, capsys):
+    assert main(["bench", "--memory", "--mode", "bwd"]) == 2
+    assert "--memory measures --mode fwd and fwd_bwd" in capsys.readouterr().err
+    assert "memory" not in fake_gpu
 
 
 def test_unknown_implementation_is_rejected(capsys):
     assert main(["bench", "--impl", "TRITON"]) == 2
     assert "unknown --impl ['TRITON']" in capsys.readouterr().err
+
+
+def test_version_1_results_still_plot():
+    """Runs committed before the backward existed hold forward cells without a mode."""
+    from codegen import paths
+
+    old = json.loads((paths.REPO_ROOT / "notes/runs/2026-11-21-h100-final/results.json").read_text())
+    assert old["schema"] == 1
+    result = bench.upgraded(old)
+    bench.check_schema(result)
+    assert {cell["mode"] for cell in result["cells"]} == {"fwd"}

@@ -20,8 +20,10 @@ def test_version():
 
 def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
-    assert "rendered 48 kernel(s)" in capsys.readouterr().out
-    assert len(list(tmp_path.glob("sm_90/*.cu"))) == 24 and (tmp_path / "manifest.json").is_file()
+    assert "rendered 96 kernel(s)" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("sm_90/fwd_*.cu"))) == 24
+    assert len(list(tmp_path.glob("sm_90/bwd_*.cu"))) == 24
+    assert (tmp_path / "manifest.json").is_file()
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -47,7 +49,15 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in out and "not built" in out
-    assert "4 kernel(s)" in out
+    assert "bwd_sm90_bf16_hd128_causal_m64n128w8s2" in out
+    assert "8 kernel(s)" in out
+
+
+def test_list_filters_by_direction(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--direction", "bwd"]) == 0
+    out = capsys.readouterr().out
+    assert "fwd_" not in out and "4 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():
