@@ -84,14 +84,25 @@ def _file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(flashgen/[^"]+)"', re.MULTILINE)
+
+
 @functools.cache
-def headers_digest() -> str:
-    """flashgen's own headers, by content (CUTLASS's are covered by its version)."""
+def _header_closure(header: str) -> frozenset[str]:
+    """This flashgen header and every flashgen header it includes, transitively."""
+    found = {header}
+    for name in _INCLUDE.findall((paths.INCLUDE_DIR / header).read_text()):
+        found |= _header_closure(name)
+    return frozenset(found)
+
+
+def headers_digest(source: str) -> str:
+    """The flashgen headers `source` includes, transitively, by name and content (CUTLASS's are
+    covered by its version). A change to the backward's headers leaves forward kernels cached."""
     h = hashlib.sha256()
-    for path in sorted(paths.INCLUDE_DIR.rglob("*")):
-        if path.is_file():
-            h.update(str(path.relative_to(paths.INCLUDE_DIR)).encode() + b"\0")
-            h.update(path.read_bytes() + b"\0")
+    headers = set().union(*(_header_closure(name) for name in _INCLUDE.findall(source)))
+    for name in sorted(headers):
+        h.update(name.encode() + b"\0" + (paths.INCLUDE_DIR / name).read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -114,7 +125,8 @@ def nvcc_version() -> str | None:
 
 def source_key(spec: KernelSpec) -> str:
     """Everything that determines the binary except the compiler."""
-    parts = [render_spec(spec), headers_digest(), cutlass_version(), " ".join(NVCC_FLAGS),
+    source = render_spec(spec)
+    parts = [source, headers_digest(source), cutlass_version(), " ".join(NVCC_FLAGS),
              ARCHS[spec.arch].gencode]
     return _sha256("\0".join(parts).encode())
 
@@ -314,7 +326,7 @@ def build_binding(log: Callable[[str], None] = print) -> Path:
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     cxx = os.environ.get("CXX", "c++")
     key = _sha256("\0".join([
-        BINDING_SOURCE.read_text(), headers_digest(), sys.version, pybind11.__version__, cxx,
+        BINDING_SOURCE.read_text(), headers_digest(BINDING_SOURCE.read_text()), sys.version, pybind11.__version__, cxx,
         " ".join(CXX_FLAGS)]).encode())[:16]
     root = paths.cache_dir() / "binding"
     final = root / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}"

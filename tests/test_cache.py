@@ -169,3 +169,29 @@ def test_lock_timeout_names_the_lock_and_its_holder(tmp_path):
                                 capture_output=True, text=True)
     assert result.returncode != 0
     assert str(lock) in result.stderr and f"pid {os.getpid()}" in result.stderr
+
+
+def test_key_covers_exactly_the_headers_a_kernel_includes(tmp_path, monkeypatch):
+    """Editing a backward header rebuilds backward kernels only; a shared one rebuilds both."""
+    import shutil
+
+    include = tmp_path / "include"
+    shutil.copytree(paths.INCLUDE_DIR, include)
+    monkeypatch.setattr(paths, "INCLUDE_DIR", include)
+    build._header_closure.cache_clear()
+    fwd = next(s for s in SPECS if s.direction == "fwd")
+    bwd = next(s for s in SPECS if s.direction == "bwd")
+    before = build.source_key(fwd), build.source_key(bwd)
+
+    def touch(header: str) -> tuple[str, str]:
+        path = include / "flashgen" / header
+        path.write_text(path.read_text() + "\n// edited\n")
+        return build.source_key(fwd), build.source_key(bwd)
+
+    try:
+        after_bwd_edit = touch("bwd_kernel.cuh")
+        assert after_bwd_edit[0] == before[0] and after_bwd_edit[1] != before[1]
+        after_shared_edit = touch("tiling.cuh")
+        assert after_shared_edit[0] != before[0] and after_shared_edit[1] != after_bwd_edit[1]
+    finally:
+        build._header_closure.cache_clear()
