@@ -34,6 +34,23 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ 
   auto thr_a = copy_a.get_thread_slice(tid);
   auto thr_b = copy_b.get_thread_slice(tid);
 
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(TileS{}));  // (row, col) in the tile
+  Tensor coords = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));  // (rows, cols)
+  constexpr int kRows = decltype(size<0>(coords))::value;
+  const int row0 = m_block * Traits::kBlockM;
+
+  // This thread's rows of lse and D, loaded before the GEMMs so that their latency hides behind
+  // them. Rows past seqlen_q (zero-filled Q and dO) and rows that saw no key (lse -inf) get
+  // P = 0: exp2(x - inf) = 0 for every x, masked or not.
+  float lse_log2[kRows], row_d[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = row0 + get<0>(coords(r, 0));
+    const float row_lse = row < p.seqlen_q ? lse[row] : -INFINITY;
+    lse_log2[r] = row_lse == -INFINITY ? INFINITY : row_lse * 1.4426950408889634f;
+    row_d[r] = row < p.seqlen_q ? softmax_d[row] : 0.f;
+  }
+
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K)
   Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_K)
   Tensor tdPrdO = thr_mma.partition_fragment_A(sdO);
@@ -46,8 +63,6 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ 
   gemm_ss(mma, acc_dp, tdPrdO, tdPrV, thr_a.partition_S(sdO), thr_b.partition_S(sV), copy_a,
           copy_b);
 
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(TileS{}));  // (row, col) in the tile
-  const int row0 = m_block * Traits::kBlockM;
   if (tile_needs_mask<kCausal, Traits::kBlockM, Traits::kBlockN>(m_block, n_block, p.seqlen_k,
                                                                  p.causal_offset)) {
     apply_mask<kCausal>(acc_s, tScS, row0, n_block * Traits::kBlockN, p.seqlen_k,
@@ -56,20 +71,13 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ 
 
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));      // (rows, cols)
   Tensor dp = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
-  Tensor coords = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
   CUTE_UNROLL
-  for (int r = 0; r < size<0>(s); ++r) {
-    const int row = row0 + get<0>(coords(r, 0));
-    // Rows past seqlen_q (zero-filled Q and dO) and rows that saw no key (lse -inf) get P = 0:
-    // exp2(x - inf) = 0 for every x, masked or not.
-    const float row_lse = row < p.seqlen_q ? lse[row] : -INFINITY;
-    const float lse_log2 = row_lse == -INFINITY ? INFINITY : row_lse * 1.4426950408889634f;
-    const float d = row < p.seqlen_q ? softmax_d[row] : 0.f;
+  for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s); ++c) {
-      const float prob = exp2f(s(r, c) * p.scale_log2 - lse_log2);
+      const float prob = exp2f(s(r, c) * p.scale_log2 - lse_log2[r]);
       s(r, c) = prob;
-      dp(r, c) = prob * (dp(r, c) - d);
+      dp(r, c) = prob * (dp(r, c) - row_d[r]);
     }
   }
 
