@@ -35,7 +35,7 @@ setup(
     python_requires=">=3.11",
     packages=["flashgen", "codegen"],
     package_data={"codegen": ["configs/*.toml"]},
-    install_requires=["torch>=2.3", "jinja2>=3.0", "ninja", "pybind11>=2.10",
+    install_requires=["torch>=2.4", "jinja2>=3.0", "ninja", "pybind11>=2.10",
                       "nvidia-cutlass>=4.0"],
     extras_require={"test": ["pytest>=7", "matplotlib"], "bench": ["matplotlib"]},
     entry_points={"console_scripts": ["flashgen = flashgen.cli:main"]},

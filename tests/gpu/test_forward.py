@@ -1,5 +1,6 @@
 """flash_attn_func and the SDPA drop-in against the fp32 reference, over the default config's
-specialisation matrix. Outputs are poisoned (NaN) before each call to catch unwritten elements."""
+specialisation matrix. Outputs are poisoned (NaN) before each call to catch unwritten elements
+(tests/gpu/conftest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 
 from flashgen.reference import assert_close_fa2, attention_ref
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
 
 DTYPES = [torch.float16, torch.bfloat16]
 HEAD_DIMS = [32, 64, 96, 128, 192, 256]
@@ -27,21 +28,6 @@ SHAPES = [
     (2, 1, 239, 8, 8, False),
     (1, 239, 1, 8, 2, False),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _poisoned_allocations(monkeypatch):
-    """Every tensor flashgen allocates with torch.empty starts as NaN."""
-    real_empty = torch.empty
-
-    def poisoned(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        if t.is_floating_point():
-            t.fill_(float("nan"))
-        return t
-
-    monkeypatch.setattr(torch, "empty", poisoned)
-    torch.manual_seed(0)
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed):

@@ -1,0 +1,115 @@
+"""The forward pass on (batch, seq, heads, dim) views: out and the log-sum-exp of each query row,
+from one compiled kernel chosen per (device, dtype, head dim, causal)."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from codegen import paths
+from codegen.arch import arch_for_capability
+from flashgen import dispatch, loader, registry, validate
+
+_LOG2_E = math.log2(math.e)
+# The current stream's handle as an int, as inductor's generated code gets it (CUDA builds of
+# torch only; launch() sees CUDA tensors only): torch.cuda.current_stream(device).cuda_stream
+# builds a Stream object first, 6 us of a 44 us call on an H100 host.
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_arch_of_device: dict[int, str] = {}
+_choices: dict[tuple, tuple[loader.Launcher, int | None]] = {}
+_warned_copy = False
+
+
+def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
+            heads_first: bool):
+    """out (q's shape and dtype, laid out by empty_output) and lse (batch, heads, seqlen_q) fp32.
+
+    q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
+    name). Key j is visible to query i iff j <= i + causal_offset when causal.
+    """
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    device = q.device
+    launcher, padded_head_dim = _choose(device, dtype, head_dim, causal)
+
+    out, lse = empty_outputs(q, heads_first)
+    if out.numel() == 0:
+        return out, lse
+    if seqlen_k == 0:  # no key at all: every row sees nothing
+        out.zero_()
+        lse.fill_(-math.inf)
+        return out, lse
+
+    if padded_head_dim is not None:
+        pad = (0, padded_head_dim - head_dim)
+        q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
+        o = torch.empty((batch, seqlen_q, heads, padded_head_dim), dtype=q.dtype, device=device)
+    else:  # out is freshly allocated, so aligned; the inputs may be any views
+        q, k, v = (t if validate.is_aligned(t) else _aligned_copy(t) for t in (q, k, v))
+        o = out
+
+    launch(launcher, q, k, v, o, lse, scale, causal_offset if causal else 0)
+    if o is not out:
+        out.copy_(o[..., :head_dim])
+    return out, lse
+
+
+def empty_outputs(q: torch.Tensor, heads_first: bool):
+    """The forward's uninitialised out and lse for q; the fake (meta) implementation of the
+    flashgen::fwd op calls this too, so both always agree on shapes and strides."""
+    batch, seqlen_q, heads, _ = q.shape
+    out = empty_output(q.shape, q.dtype, q.device, heads_first)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    return out, lse
+
+
+def empty_output(shape, dtype: torch.dtype, device: torch.device, heads_first: bool):
+    """An uninitialised (batch, seq, heads, dim) tensor; heads_first lays it out in memory as
+    (batch, heads, seq, dim), SDPA's layout. Never a view: autograd refuses every in-place change
+    of a view created inside a custom op, where PyTorch's own SDPA output allows one."""
+    if heads_first:
+        return torch.empty_permuted(shape, (0, 2, 1, 3), dtype=dtype, device=device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offset: int) -> None:
+    """Runs one compiled kernel on validated (batch, seq, heads, dim) views, on the tensors'
+    device and its current stream."""
+    batch, seqlen_q, heads, _ = q.shape
+    device = q.device
+    args = (launcher.address, launcher.error_string_address, q.data_ptr(), k.data_ptr(),
+            v.data_ptr(), o.data_ptr(), lse.data_ptr(), q.stride()[:3], k.stride()[:3],
+            v.stride()[:3], o.stride()[:3], batch, heads, k.shape[2], seqlen_q, k.shape[1], scale,
+            scale * _LOG2_E, causal_offset, _current_stream(device.index))
+    if device.index == torch.cuda.current_device():
+        loader.binding().fwd(*args)
+    else:  # kernels launch on the current device: switch to the tensors' one
+        with torch.cuda.device(device):
+            loader.binding().fwd(*args)
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    global _warned_copy
+    if not _warned_copy:
+        print("flashgen: an input's address or strides are not multiples of 16 bytes; copying "
+              "it (pass contiguous tensors to avoid the copy)", file=sys.stderr)
+        _warned_copy = True
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
+    key = (device.index, dtype, head_dim, causal)
+    found = _choices.get(key)
+    if found is None:
+        arch = _arch_of_device.get(device.index)
+        if arch is None:
+            arch = arch_for_capability(*torch.cuda.get_device_capability(device))
+            _arch_of_device[device.index] = arch
+        choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
+                                 paths.config_path())
+        found = (loader.launcher(choice.spec), choice.spec.head_dim if choice.pad_head_dim else None)
+        _choices[key] = found
+    return found
