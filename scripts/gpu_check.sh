@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: build the default kernels for its arch, run the GPU tests, benchmark.
+# One call on a CUDA machine: build the default kernels (forward and backward) for its arch, run
+# the GPU tests, benchmark.
 #   bash scripts/gpu_check.sh [pytest args...]
 # Logs go to $OUT (the device tool sets it) or ./gpu-logs. Wheels in .whl/ (nvidia-cutlass for a
 # machine without network) are installed first; the checkout is used in place.
@@ -19,9 +20,10 @@ arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capabil
 python3 -m flashgen generate --arch "$arch" --jobs "$(nproc)" 2>&1 | tee "$OUT/generate.log" \
   | grep -v '^\[' ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "generate failed"; tail -50 "$OUT/generate.log"; exit 1; }
 python3 -m pytest tests -q -rs "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
-# Every default head dim at seqlen 4096 (bf16), beside FlashAttention-2 and cuDNN in one process.
+# Every default head dim at seqlen 4096 (bf16), forward and backward, beside FlashAttention-2 and
+# cuDNN in one process.
 [ -n "${SKIP_BENCH:-}" ] || python3 -m flashgen bench --dtype bf16 --seqlen 4096 \
   --head-dim 32 --head-dim 64 --head-dim 96 --head-dim 128 --head-dim 192 --head-dim 256 \
-  --impl flashgen --impl FLASH_ATTENTION --impl CUDNN_ATTENTION --out "$OUT/bench" 2>&1 \
-  | tee "$OUT/bench.log"
+  --impl flashgen --impl FLASH_ATTENTION --impl CUDNN_ATTENTION --mode fwd --mode bwd \
+  --out "$OUT/bench" 2>&1 | tee "$OUT/bench.log"
 [ -n "${SKIP_SANITIZE:-}" ] || bash scripts/sanitize.sh

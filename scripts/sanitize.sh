@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, initcheck) over flashgen's forward kernels at odd sizes.
+# compute-sanitizer (memcheck, racecheck, initcheck) over flashgen's forward and backward kernels
+# at odd sizes.
 # Run after scripts/gpu_check.sh has built the kernels (same environment variables).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-logs}
@@ -7,7 +8,7 @@ mkdir -p "$OUT"
 status=0
 for tool in memcheck racecheck initcheck; do
   # initcheck must watch every kernel: writes by unwatched kernels (torch.randn) look missing.
-  filter=(--kernel-name kns=fwd_kernel)
+  filter=(--kernel-name kns=flashgen)  # every kernel of namespace flashgen, none of torch's
   [ "$tool" = initcheck ] && filter=()
   timeout 150 compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 3 \
     python3 scripts/sanitize_driver.py > "$OUT/sanitize-$tool.log" 2>&1

@@ -1,4 +1,5 @@
-"""Calls flashgen's forward over several specialisations at odd sizes, for compute-sanitizer.
+"""Calls flashgen's forward and backward over several specialisations at odd sizes, for
+compute-sanitizer.
 Checks each result too, so a clean report also means a right answer. The references run on the
 CPU: under racecheck a cuBLAS kernel hit a hardware exception the sanitizer could not handle."""
 
@@ -22,9 +23,17 @@ for (dtype, head_dim), causal, (batch, seqlen_q, seqlen_k, heads, heads_kv) in i
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
     v = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
-    out = flash_attn_func(q, k, v, causal=causal).cpu()
-    q, k, v = q.cpu(), k.cpu(), v.cpu()
-    assert_close_fa2(out, attention_ref(q, k, v, causal)[0],
-                     attention_ref(q, k, v, causal, upcast=False)[0])
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attn_func(q, k, v, causal=causal)
+    dout = torch.randn_like(out)
+    grads = [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]
+    cpu = [t.detach().cpu().requires_grad_() for t in (q, k, v)]
+    reference, same_dtype = (attention_ref(*cpu, causal, upcast=upcast)[0]
+                             for upcast in (True, False))
+    assert_close_fa2(out.detach().cpu(), reference.detach(), same_dtype.detach())
+    expected = torch.autograd.grad(reference, cpu, dout.cpu())
+    own_error = torch.autograd.grad(same_dtype, cpu, dout.cpu())
+    for name, grad, ref, same in zip(("dq", "dk", "dv"), grads, expected, own_error):
+        assert_close_fa2(grad, ref, same, name)
     calls += 1
 print(f"sanitize_driver: {calls} checked calls")
