@@ -38,25 +38,34 @@ def tile_problems(head_dim: int, block_m: int, block_n: int, warps: int, kv_stag
                   smem_limit: int) -> list[str]:
     """Why this tile cannot be built, one line per reason; empty when it can."""
     problems = []
-    threads = 32 * warps
-    rows_per_copy = threads // (row_chunk(head_dim) // 8)
     if block_m % (16 * warps):
         problems.append(f"block_m = {block_m} must be a multiple of 16 * warps = {16 * warps}")
     if block_n % 16:
         problems.append(f"block_n = {block_n} must be a multiple of 16")
-    if rows_per_copy == 0 or block_m % rows_per_copy or block_n % rows_per_copy:
-        problems.append(
-            f"block_m = {block_m} and block_n = {block_n} must be multiples of {rows_per_copy} "
-            f"(the rows {warps} warps copy at once for head_dim {head_dim})")
+    problems += _copy_problems(head_dim, block_m, block_n, warps)
     if kv_stages < 2:
         problems.append(f"kv_stages = {kv_stages} must be at least 2")
-    smem = smem_bytes(head_dim, block_m, block_n, kv_stages)
+    problems += _budget_problems(smem_bytes(head_dim, block_m, block_n, kv_stages), smem_limit,
+                                 accumulator_registers(head_dim, block_m, block_n, warps))
+    return problems
+
+
+def _copy_problems(head_dim: int, block_m: int, block_n: int, warps: int) -> list[str]:
+    """The 16-byte global <-> shared copies cover whole tiles."""
+    rows_per_copy = 32 * warps // (row_chunk(head_dim) // 8)
+    if rows_per_copy == 0 or block_m % rows_per_copy or block_n % rows_per_copy:
+        return [f"block_m = {block_m} and block_n = {block_n} must be multiples of "
+                f"{rows_per_copy} (the rows {warps} warps copy at once for head_dim {head_dim})"]
+    return []
+
+
+def _budget_problems(smem: int, smem_limit: int, registers: int) -> list[str]:
+    problems = []
     if smem > smem_limit:
         problems.append(f"shared memory {smem} bytes exceeds the arch limit of {smem_limit}")
-    regs = accumulator_registers(head_dim, block_m, block_n, warps)
-    if regs > MAX_ACCUMULATOR_REGISTERS:
+    if registers > MAX_ACCUMULATOR_REGISTERS:
         problems.append(
-            f"{regs} accumulator registers per thread exceed {MAX_ACCUMULATOR_REGISTERS} "
+            f"{registers} accumulator registers per thread exceed {MAX_ACCUMULATOR_REGISTERS} "
             "(raise warps or lower block_m / block_n)")
     return problems
 
@@ -88,7 +97,6 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, warps: int
     """Why this backward tile cannot be built, one line per reason; empty when it can."""
     problems = []
     hdp = padded_head_dim(head_dim)
-    rows_per_copy = 32 * warps // (row_chunk(head_dim) // 8)
     if warps & (warps - 1):
         problems.append(f"warps = {warps} must be a power of two")
     if block_n % 32:
@@ -98,18 +106,10 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, warps: int
         if not warps & (warps - 1) and not warp_split_exists(m, n, warps):
             problems.append(f"{what} = {m} x {n} does not split over {warps} warps in 16 x 16 "
                             f"tiles")
-    if rows_per_copy == 0 or block_m % rows_per_copy or block_n % rows_per_copy:
-        problems.append(
-            f"block_m = {block_m} and block_n = {block_n} must be multiples of {rows_per_copy} "
-            f"(the rows {warps} warps copy at once for head_dim {head_dim})")
+    problems += _copy_problems(head_dim, block_m, block_n, warps)
     if q_stages not in (1, 2):
         problems.append(f"q_stages = {q_stages} must be 1 or 2")
-    smem = backward_smem_bytes(head_dim, block_m, block_n, q_stages)
-    if smem > smem_limit:
-        problems.append(f"shared memory {smem} bytes exceeds the arch limit of {smem_limit}")
-    regs = backward_accumulator_registers(head_dim, block_m, block_n, warps)
-    if regs > MAX_ACCUMULATOR_REGISTERS:
-        problems.append(
-            f"{regs} accumulator registers per thread exceed {MAX_ACCUMULATOR_REGISTERS} "
-            "(raise warps or lower block_m / block_n)")
+    problems += _budget_problems(backward_smem_bytes(head_dim, block_m, block_n, q_stages),
+                                 smem_limit,
+                                 backward_accumulator_registers(head_dim, block_m, block_n, warps))
     return problems
