@@ -20,6 +20,9 @@ from pathlib import Path
 TOKENS = 16384
 HIDDEN = 2048
 IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# Timed only when asked for (--impl): what deterministic=True costs flashgen's backward.
+OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic",)
+KNOWN_IMPLEMENTATIONS = IMPLEMENTATIONS + OPTIONAL_IMPLEMENTATIONS
 PEER = "FLASH_ATTENTION"  # FlashAttention-2: the ratio column
 DEFAULT_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (64, 128, 256),
                 "seqlens": (512, 1024, 2048, 4096, 8192, 16384), "causal": (False, True)}
@@ -111,10 +114,11 @@ def implementation(name: str, causal: bool):
     the numbers."""
     import torch.nn.functional as F
 
-    if name == "flashgen":
+    if name.startswith("flashgen"):
         from flashgen import flash_attn_func
 
-        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)
+        deterministic = name == "flashgen_deterministic"
+        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     return lambda q, k, v: F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
 
@@ -125,7 +129,9 @@ def backend(name: str):
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return contextlib.nullcontext() if name == "flashgen" else sdpa_kernel(getattr(SDPBackend, name))
+    if name.startswith("flashgen"):
+        return contextlib.nullcontext()
+    return sdpa_kernel(getattr(SDPBackend, name))
 
 
 def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
@@ -288,7 +294,7 @@ def markdown(result: dict) -> str:
              "", "TFLOP/s; the last column is flashgen / FLASH_ATTENTION (FlashAttention-2). n/a: "
              "did not run (out of memory, or no kernel for the shape); unsupported: the "
              "implementation lacks that mode.", ""]
-    impls = [n for n in IMPLEMENTATIONS if any(n in c["results"] for c in result["cells"])]
+    impls = [n for n in KNOWN_IMPLEMENTATIONS if any(n in c["results"] for c in result["cells"])]
     for mode in modes_of(result):
         lines += [f"## {mode}: {MODE_NAMES[mode]} (FLOPs = {FLOP_FACTOR[mode]:g} x forward)", ""]
         groups: dict[tuple, list] = {}
@@ -348,12 +354,12 @@ def _plot_mode(mode_cells: list, title: str, png: Path) -> Path:
     for ax, (dtype, head_dim, causal) in zip(axes.flat, panels):
         cells = sorted((c for c in mode_cells if (c["dtype"], c["head_dim"], c["causal"])
                         == (dtype, head_dim, causal)), key=lambda c: c["seqlen"])
-        for name in IMPLEMENTATIONS:
+        for name in KNOWN_IMPLEMENTATIONS:
             points = [(c["seqlen"], c["results"][name]["tflops"]) for c in cells
                       if "tflops" in c["results"].get(name, {})]
             if points:
                 ax.plot(*zip(*points), marker="o", label=name,  # same colour in every figure
-                        color=f"C{IMPLEMENTATIONS.index(name)}",
+                        color=f"C{KNOWN_IMPLEMENTATIONS.index(name)}",
                         linewidth=2.5 if name == "flashgen" else 1)
         ax.set_xscale("log", base=2)
         ax.set_title(f"{dtype} hd{head_dim} {'causal' if causal else 'non-causal'}")

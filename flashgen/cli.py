@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--seqlen", type=int, action="append")
     bench.add_argument("--causal", choices=("true", "false"))
     bench.add_argument("--impl", action="append", help="implementations to time (default: all "
-                       "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH)")
+                       "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
+                       "flashgen_deterministic on request)")
     bench.add_argument("--mode", action="append", choices=MODES,
                        help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
                        "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd)")
@@ -168,9 +169,9 @@ def _bench_argument_problem(args) -> str | None:
     """What is wrong with the bench's arguments, checked before looking for a GPU."""
     from flashgen import bench
 
-    unknown = sorted(set(args.impl or ()) - set(bench.IMPLEMENTATIONS))
+    unknown = sorted(set(args.impl or ()) - set(bench.KNOWN_IMPLEMENTATIONS))
     if unknown:
-        return f"unknown --impl {unknown}; choose from {list(bench.IMPLEMENTATIONS)}"
+        return f"unknown --impl {unknown}; choose from {list(bench.KNOWN_IMPLEMENTATIONS)}"
     if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
         return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
                 f"includes what its forward saved)")

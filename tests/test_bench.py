@@ -306,3 +306,19 @@ def test_version_1_results_still_plot():
     result = bench.upgraded(old)
     bench.check_schema(result)
     assert {cell["mode"] for cell in result["cells"]} == {"fwd"}
+
+
+def test_deterministic_flashgen_is_an_implementation_on_request(monkeypatch):
+    """Timed only when named: flash_attn_func with deterministic=True, outside any SDPA backend."""
+    import flashgen
+
+    assert "flashgen_deterministic" not in bench.IMPLEMENTATIONS
+    seen = {}
+    monkeypatch.setattr(flashgen, "flash_attn_func",
+                        lambda q, k, v, causal, deterministic: seen.update(
+                            causal=causal, deterministic=deterministic))
+    bench.implementation("flashgen_deterministic", causal=True)(None, None, None)
+    assert seen == {"causal": True, "deterministic": True}
+    bench.implementation("flashgen", causal=False)(None, None, None)
+    assert seen == {"causal": False, "deterministic": False}
+    assert type(bench.backend("flashgen_deterministic")).__name__ == "nullcontext"
