@@ -37,7 +37,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     else:
         inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
         work = grads
-    _launch(launcher, *inputs, lse.contiguous(), *work, scale,
+    launch(launcher, *inputs, lse.contiguous(), *work, scale,
             causal_offset if causal else 0, deterministic)
     if work is not grads:
         for grad, padded in zip(grads, work):
@@ -45,8 +45,10 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     return grads
 
 
-def _launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
-            deterministic) -> None:
+def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float, causal_offset: int,
+           deterministic: bool) -> None:
+    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, on the
+    tensors' device and its current stream; allocates its fp32 workspaces."""
     batch, seqlen_q, heads, head_dim = q.shape
     device = q.device
     softmax_d = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device)

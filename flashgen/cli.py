@@ -197,8 +197,9 @@ def _tune(args) -> int:
         return 2
     config = load_config(args.config or paths.config_path())
     head_dims = args.head_dim or config.head_dims(arch)
-    specs = [KernelSpec(arch, dtype, head_dim, causal, tile)
-             for head_dim in head_dims for tile in tune.candidate_tiles(arch, head_dim)
+    specs = [KernelSpec(arch, dtype, head_dim, causal, tile, direction)
+             for direction in (args.direction or DIRECTIONS)
+             for head_dim in head_dims for tile in tune.candidate_tiles(arch, head_dim, direction)
              for dtype in (args.dtype or config.dtypes)
              for causal in ([args.causal == "true"] if args.causal else config.causal)]
     print(f"flashgen tune: {len(specs)} candidate kernels for {arch}, head dims {head_dims}")
@@ -207,9 +208,9 @@ def _tune(args) -> int:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     winners = tune.pick_winners(rows)
     text = config.path.read_text()
-    for head_dim, tile in sorted(winners.items()):
-        print(f"flashgen tune: {arch} head dim {head_dim}: {tile.suffix}")
-        text = tune.set_tile(text, arch, head_dim, tile)
+    for (direction, head_dim), tile in sorted(winners.items()):
+        print(f"flashgen tune: {arch} {direction} head dim {head_dim}: {tile.suffix}")
+        text = tune.set_tile(text, arch, head_dim, tile, direction)
     if args.write and winners:
         candidate = config.path.with_suffix(".tuned.tmp")
         candidate.write_text(text)

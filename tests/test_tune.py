@@ -18,20 +18,24 @@ def test_set_tile_changes_only_that_table(arch, head_dim):
     assert tune.set_tile(text, arch, head_dim, default) == text
 
 
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
-def test_candidates_all_fit_and_include_the_default(arch, head_dim):
-    tiles = tune.candidate_tiles(arch, head_dim)
+def test_candidates_all_fit_and_include_the_default(arch, head_dim, direction):
+    tiles = tune.candidate_tiles(arch, head_dim, direction)
     assert tiles
+    problems = {"fwd": resources.tile_problems, "bwd": resources.backward_tile_problems}[direction]
     for t in tiles:
-        assert not resources.tile_problems(head_dim, t.block_m, t.block_n, t.warps, t.stages,
-                                           ARCHS[arch].smem_limit)
-    default = dict(load_config(paths.DEFAULT_CONFIG).tiles)[(arch, head_dim)]
-    assert default in tiles
+        assert not problems(head_dim, t.block_m, t.block_n, t.warps, t.stages,
+                            ARCHS[arch].smem_limit)
+    config = load_config(paths.DEFAULT_CONFIG)
+    defaults = config.tiles if direction == "fwd" else config.backward_tiles
+    assert dict(defaults)[(arch, head_dim)] in tiles
 
 
-def row(head_dim, tile, dtype, causal, tflops=None, skipped=None):
-    r = {"head_dim": head_dim, "tile": tile, "dtype": dtype, "causal": causal}
+def row(head_dim, tile, dtype, causal, tflops=None, skipped=None, direction="fwd"):
+    r = {"direction": direction, "head_dim": head_dim, "tile": tile, "dtype": dtype,
+         "causal": causal}
     if tflops is not None:
         r["tflops"] = tflops
     if skipped:
@@ -49,7 +53,16 @@ def test_winner_has_best_geometric_mean_over_every_cell():
         row(128, "m64n64w4s2", "bf16", True, skipped="spills 8 bytes of registers"),
         row(64, "m128n64w4s3", "bf16", False, skipped="wrong result"),
     ]
-    assert tune.pick_winners(rows) == {128: Tile(128, 64, 4, 2)}  # hd 64: no eligible tile
+    # hd 64: no eligible tile
+    assert tune.pick_winners(rows) == {("fwd", 128): Tile(128, 64, 4, 2)}
+
+
+def test_winners_are_picked_per_direction():
+    rows = [row(128, "m128n64w4s2", "bf16", False, 300),
+            row(128, "m64n128w8s2", "bf16", False, 200, direction="bwd"),
+            row(128, "m128n128w8s1", "bf16", False, 150, direction="bwd")]
+    assert tune.pick_winners(rows) == {("fwd", 128): Tile(128, 64, 4, 2),
+                                       ("bwd", 128): Tile(64, 128, 8, 2)}
 
 
 def test_parse_tile_inverts_suffix():
@@ -77,3 +90,32 @@ def test_set_tile_appends_a_missing_table(tmp_path):
     path = tmp_path / "tuned.toml"
     path.write_text(new)
     assert dict(load_config(path).tiles)[("sm_90", 80)] == Tile(128, 64, 4, 2)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
+def test_set_backward_tile_changes_only_that_table(arch, head_dim, tmp_path):
+    text = paths.DEFAULT_CONFIG.read_text()
+    config = load_config(paths.DEFAULT_CONFIG)
+    default = dict(config.backward_tiles)[(arch, head_dim)]
+    assert tune.set_tile(text, arch, head_dim, default, "bwd") == text
+    others = [t for t in tune.candidate_tiles(arch, head_dim, "bwd") if t != default]
+    if not others:  # sm_80 at head dim 256: one backward tile fits its shared memory
+        assert (arch, head_dim) == ("sm_80", 256)
+        return
+    tile = others[0]
+    path = tmp_path / "tuned.toml"
+    path.write_text(tune.set_tile(text, arch, head_dim, tile, "bwd"))
+    tuned = load_config(path)
+    assert dict(tuned.backward_tiles)[(arch, head_dim)] == tile
+    assert tuned.tiles == config.tiles
+
+
+def test_set_backward_tile_appends_a_missing_table(tmp_path):
+    new = tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "sm_90", 80, Tile(64, 64, 8, 2), "bwd")
+    new = tune.set_tile(new, "sm_90", 80, Tile(128, 64, 4, 2))
+    path = tmp_path / "tuned.toml"
+    path.write_text(new)
+    config = load_config(path)
+    assert dict(config.backward_tiles)[("sm_90", 80)] == Tile(64, 64, 8, 2)
+    assert dict(config.tiles)[("sm_90", 80)] == Tile(128, 64, 4, 2)
