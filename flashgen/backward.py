@@ -8,10 +8,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from codegen import resources
-from flashgen import forward, loader, validate
+from codegen import paths, resources
+from codegen.arch import arch_for_capability
+from flashgen import dispatch, loader, registry, validate
 
 _LOG2_E = math.log2(math.e)
+_choices: dict[tuple, tuple[loader.Launcher, int]] = {}
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
@@ -25,10 +27,10 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     gradients out in memory as (batch, heads, seq, dim) (SDPA's layout) and returns the
     (batch, seq, heads, dim) views of them, like the forward's output.
     """
-    grads = tuple(forward.empty_output(t.shape, t.dtype, t.device, heads_first) for t in (q, k, v))
+    grads = tuple(_allocate(t.shape, t, heads_first) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
-    launcher, kernel_head_dim = forward.choose(q.device, dtype, q.shape[-1], causal, "bwd")
+    launcher, kernel_head_dim = _choose(q.device, dtype, q.shape[-1], causal)
     head_dim = q.shape[-1]
     if kernel_head_dim != head_dim:  # zero-padded: exact, the padded columns are dropped
         pad = (0, kernel_head_dim - head_dim)
@@ -38,17 +40,25 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
         inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
         work = grads
     launch(launcher, *inputs, lse.contiguous(), *work, scale,
-            causal_offset if causal else 0, deterministic)
+           causal_offset if causal else 0, deterministic)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
     return grads
 
 
-def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float, causal_offset: int,
-           deterministic: bool) -> None:
-    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, on the
-    tensors' device and its current stream; allocates its fp32 workspaces."""
+def _allocate(shape, like: torch.Tensor, heads_first: bool) -> torch.Tensor:
+    batch, seq, heads, dim = shape
+    if heads_first:
+        return torch.empty((batch, heads, seq, dim), dtype=like.dtype,
+                           device=like.device).transpose(1, 2)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
+           deterministic) -> None:
+    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views (the tuner
+    calls it too)."""
     batch, seqlen_q, heads, head_dim = q.shape
     device = q.device
     softmax_d = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=device)
@@ -64,3 +74,16 @@ def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float, causal_o
             torch.cuda.current_stream(device).cuda_stream)
     with torch.cuda.device(device):
         loader.binding().bwd(*args)
+
+
+def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
+    """The backward launcher for this call and the head dim it runs at."""
+    key = (device.index, dtype, head_dim, causal)
+    found = _choices.get(key)
+    if found is None:
+        arch = arch_for_capability(*torch.cuda.get_device_capability(device))
+        choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
+                                 paths.config_path(), direction="bwd")
+        found = (loader.launcher(choice.spec), choice.spec.head_dim)
+        _choices[key] = found
+    return found

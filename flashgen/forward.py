@@ -19,7 +19,7 @@ _LOG2_E = math.log2(math.e)
 # builds a Stream object first, 6 us of a 44 us call on an H100 host.
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _arch_of_device: dict[int, str] = {}
-_choices: dict[tuple, tuple[loader.Launcher, int]] = {}
+_choices: dict[tuple, tuple[loader.Launcher, int | None]] = {}
 _warned_copy = False
 
 
@@ -33,7 +33,7 @@ def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
     device = q.device
-    launcher, kernel_head_dim = choose(device, dtype, head_dim, causal)
+    launcher, padded_head_dim = _choose(device, dtype, head_dim, causal)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -43,10 +43,10 @@ def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
         lse.fill_(-math.inf)
         return out, lse
 
-    if kernel_head_dim != head_dim:  # zero-padded: exact, the padded columns are dropped
-        pad = (0, kernel_head_dim - head_dim)
+    if padded_head_dim is not None:
+        pad = (0, padded_head_dim - head_dim)
         q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
-        o = torch.empty((batch, seqlen_q, heads, kernel_head_dim), dtype=q.dtype, device=device)
+        o = torch.empty((batch, seqlen_q, heads, padded_head_dim), dtype=q.dtype, device=device)
     else:  # out is freshly allocated, so aligned; the inputs may be any views
         q, k, v = (t if validate.is_aligned(t) else _aligned_copy(t) for t in (q, k, v))
         o = out
@@ -100,10 +100,8 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def choose(device: torch.device, dtype: str, head_dim: int, causal: bool, direction: str = "fwd"):
-    """The launcher of the kernel that runs this call, and the head dim it runs at (larger than
-    head_dim when the call is zero-padded to a configured one)."""
-    key = (device.index, dtype, head_dim, causal, direction)
+def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
+    key = (device.index, dtype, head_dim, causal)
     found = _choices.get(key)
     if found is None:
         arch = _arch_of_device.get(device.index)
@@ -111,7 +109,7 @@ def choose(device: torch.device, dtype: str, head_dim: int, causal: bool, direct
             arch = arch_for_capability(*torch.cuda.get_device_capability(device))
             _arch_of_device[device.index] = arch
         choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
-                                 paths.config_path(), direction)
-        found = (loader.launcher(choice.spec), choice.spec.head_dim)
+                                 paths.config_path())
+        found = (loader.launcher(choice.spec), choice.spec.head_dim if choice.pad_head_dim else None)
         _choices[key] = found
     return found
