@@ -8,10 +8,10 @@
 #include <cmath>
 #include <cute/tensor.hpp>
 
+#include "flashgen/accumulator.cuh"
 #include "flashgen/gemm.cuh"
 #include "flashgen/mask.cuh"
 #include "flashgen/params.h"
-#include "flashgen/softmax.cuh"
 #include "flashgen/tiling.cuh"
 
 namespace flashgen {

@@ -1,6 +1,8 @@
 // Tile copies between global and shared memory with the ragged edges predicated.
 #pragma once
 
+#include <climits>
+
 #include <cute/tensor.hpp>
 
 namespace flashgen {
@@ -26,6 +28,20 @@ __device__ __forceinline__ void copy_tile(TiledCopy const& tiled_copy, Src const
         clear(dst(_, m, k));
       }
     }
+  }
+}
+
+// copy_tile for a tile of kTileCols columns whose rows all exist: only columns at or past
+// kMaxCols (a head dim padded to the row chunk) are cut off; without padding nothing is
+// predicated, which saves the interior tiles' index arithmetic and registers.
+template <bool kZeroFill, int kMaxCols, int kTileCols, class TiledCopy, class Src, class Dst,
+          class Coords>
+__device__ __forceinline__ void copy_all_rows(TiledCopy const& tiled_copy, Src const& src,
+                                              Dst&& dst, Coords const& coords) {
+  if constexpr (kMaxCols == kTileCols) {
+    copy(tiled_copy, src, dst);
+  } else {
+    copy_tile<kZeroFill, kMaxCols>(tiled_copy, src, dst, coords, INT_MAX);
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashgen/accumulator.cuh"
 #include "flashgen/copy.cuh"
 #include "flashgen/fwd_traits.cuh"
 #include "flashgen/gemm.cuh"
@@ -135,7 +136,14 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     cp_async_wait<kKvStages - 2>();
     __syncthreads();
     // Every warp is past the previous tile, so its buffer can take the tile kv_stages - 1 ahead.
-    if (tile + kKvStages - 1 < n_tiles) load_kv(n_block - (kKvStages - 1), smem_pipe_write);
+    // That tile lies below the last one, so all of its rows exist: no row predicates.
+    if (tile + kKvStages - 1 < n_tiles) {
+      const int ahead = n_block - (kKvStages - 1);
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tKgK(_, _, _, ahead),
+                                                    tKsK(_, _, _, smem_pipe_write), tKVcKV);
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tVgV(_, _, _, ahead),
+                                                    tVsV(_, _, _, smem_pipe_write), tKVcKV);
+    }
     cp_async_fence();
 
     // S = Q K^T
