@@ -63,9 +63,10 @@ __device__ __forceinline__ void store_tile(TiledMma const& mma, int tid, Acc con
 }
 
 // acc (an mma accumulator) += into an fp32 (rows, kHeadDimPadded) workspace with atomics, rows
-// below `rows` only. An accumulator holds column pairs (2c, 2c + 1) of a row next to each other:
-// Hopper adds both with one 8-byte atomic.
-template <int kHeadDim, int kHeadDimPadded, class Acc, class Coords>
+// below `rows` only (kAllRows: the caller knows that every row of the tile is). An accumulator
+// holds column pairs (2c, 2c + 1) of a row next to each other: Hopper adds both with one 8-byte
+// atomic.
+template <int kHeadDim, int kHeadDimPadded, bool kAllRows, class Acc, class Coords>
 __device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& acc,
                                                  Coords const& coords, int row0, int rows) {
   static_assert(kHeadDim % 2 == 0);
@@ -73,7 +74,7 @@ __device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& ac
   for (int i = 0; i < size(acc); i += 2) {
     const int row = row0 + get<0>(coords(i));
     const int col = get<1>(coords(i));
-    if (row < rows && col < kHeadDim) {
+    if ((kAllRows || row < rows) && (kHeadDim == kHeadDimPadded || col < kHeadDim)) {
       float* address = workspace + int64_t(row) * kHeadDimPadded + col;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
       atomicAdd(reinterpret_cast<float2*>(address), make_float2(acc(i), acc(i + 1)));
@@ -157,10 +158,17 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
                                                          p.do_row_stride, p.do_head_stride, batch,
                                                          head, p.seqlen_q),
                             TileQ{}, make_coord(m_block, 0));
-    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gQ),
-                              gmem_thr.partition_D(sQ(_, _, stage)), tQcQ, rows);
-    copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gdO),
-                              gmem_thr.partition_D(sdO(_, _, stage)), tQcQ, rows);
+    if (rows >= kBlockM) {  // every block but the last: no row predicates
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, gmem_thr.partition_S(gQ),
+                                                    gmem_thr.partition_D(sQ(_, _, stage)), tQcQ);
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, gmem_thr.partition_S(gdO),
+                                                    gmem_thr.partition_D(sdO(_, _, stage)), tQcQ);
+    } else {
+      copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gQ),
+                                gmem_thr.partition_D(sQ(_, _, stage)), tQcQ, rows);
+      copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gdO),
+                                gmem_thr.partition_D(sdO(_, _, stage)), tQcQ, rows);
+    }
   };
 
   // Prologue: K, V and the first Q/dO tile in one commit group.
@@ -232,8 +240,14 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});  // (MMA, MMA_M, MMA_HD)
       clear(acc_dq);
       gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
-      add_to_workspace<kHeadDim, kHeadDimPadded>(p.dq_accum + row_base * kHeadDimPadded,
-                                                 acc_dq, tdQcdQ, m_block * kBlockM, p.seqlen_q);
+      float* dq_accum = p.dq_accum + row_base * kHeadDimPadded;
+      if ((m_block + 1) * kBlockM <= p.seqlen_q) {
+        add_to_workspace<kHeadDim, kHeadDimPadded, true>(dq_accum, acc_dq, tdQcdQ,
+                                                         m_block * kBlockM, p.seqlen_q);
+      } else {
+        add_to_workspace<kHeadDim, kHeadDimPadded, false>(dq_accum, acc_dq, tdQcdQ,
+                                                          m_block * kBlockM, p.seqlen_q);
+      }
     }
   }
 
