@@ -10,6 +10,12 @@ ELEMENT_BYTES = 2  # fp16 and bf16
 # fp32 accumulators (O and S) a thread may hold. At 192 (hd128, 128x64, 4 warps) ptxas already
 # uses all 255 registers and spills 72-80 bytes (notes/perf.md); more would spill heavily.
 MAX_ACCUMULATOR_REGISTERS = 192
+# The forward kernel runs the tiles that need a mask (the diagonal, the ragged end of the keys) in
+# a loop of their own, so that the loop over the rest carries no masking code, when the
+# accumulators leave ptxas room for that second copy of the loop body. H100, bf16, seqlen 4096
+# (notes/perf.md): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-13% faster;
+# hd128 (192) spilled 204 bytes instead of 64 and ran 4-7% slower.
+SPLIT_MASKED_LOOP_MAX_ACCUMULATORS = 160
 
 
 def row_chunk(head_dim: int) -> int:
@@ -32,6 +38,12 @@ def accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int)
     """fp32 registers per thread for the O and S accumulators."""
     threads = 32 * warps
     return (block_m * padded_head_dim(head_dim) + block_m * block_n) // threads
+
+
+def splits_masked_loop(head_dim: int, block_m: int, block_n: int, warps: int) -> bool:
+    """Whether the forward kernel gives the masked tiles a loop of their own."""
+    return (accumulator_registers(head_dim, block_m, block_n, warps)
+            <= SPLIT_MASKED_LOOP_MAX_ACCUMULATORS)
 
 
 def tile_problems(head_dim: int, block_m: int, block_n: int, warps: int, kv_stages: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from codegen import resources
 from codegen.arch import ARCHS
 from codegen.config import Config, Tile
 
@@ -28,6 +29,11 @@ class KernelSpec:
     @property
     def family(self) -> str:
         return ARCHS[self.arch].family
+
+    @property
+    def split_masked_loop(self) -> bool:
+        """Forward only: the tiles that need a mask get a loop of their own (resources.py)."""
+        return resources.splits_masked_loop(self.head_dim, self.block_m, self.block_n, self.warps)
 
     # Flat attribute access for templates and tables.
     block_m = property(lambda self: self.tile.block_m)

@@ -130,8 +130,10 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   int smem_pipe_read = 0;
   int smem_pipe_write = kKvStages - 1;
 
-  CUTE_NO_UNROLL
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  // One key/value tile: S = Q K^T, the online softmax, O += P V. With kMask false (a
+  // compile-time constant) the tile carries no masking code.
+  auto step = [&](int tile, auto mask) {
+    constexpr bool kMask = decltype(mask)::value;
     const int n_block = n_block_max - 1 - tile;
     cp_async_wait<kKvStages - 2>();
     __syncthreads();
@@ -151,8 +153,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     clear(acc_s);
     gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
             smem_copy_k);
-    if (tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
-                                                   p.causal_offset)) {
+    if (kMask && tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
+                                                            p.causal_offset)) {
       apply_mask<kCausal>(acc_s, tScS, m_block * kBlockM, n_block * kBlockN, p.seqlen_k,
                           p.causal_offset);
     }
@@ -167,7 +169,20 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
     smem_pipe_write = smem_pipe_read;
     smem_pipe_read = smem_pipe_read + 1 == kKvStages ? 0 : smem_pipe_read + 1;
+  };
+
+  int tile = 0;
+  if constexpr (Traits::kSplitMaskedLoop) {
+    // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first.
+    CUTE_NO_UNROLL
+    for (; tile < n_tiles && tile_needs_mask<kCausal, kBlockM, kBlockN>(
+               m_block, n_block_max - 1 - tile, p.seqlen_k, p.causal_offset);
+         ++tile) {
+      step(tile, cute::true_type{});
+    }
   }
+  CUTE_NO_UNROLL
+  for (; tile < n_tiles; ++tile) step(tile, cute::bool_constant<!Traits::kSplitMaskedLoop>{});
   // Every thread's copies have landed before O overwrites Q's shared memory. The loop's barrier
   // does not cover a block that ran no tile (rows that see no key): without this one, another
   // thread's Q copy could land on top of the staged output.

@@ -10,7 +10,8 @@ namespace flashgen {
 
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kKvStages_, class Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kKvStages_, class Element_,
+          bool kSplitMaskedLoop_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -19,6 +20,8 @@ struct FwdTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKvStages = kKvStages_;
+  // The tiles that need a mask run in a loop of their own (codegen/resources.py decides).
+  static constexpr bool kSplitMaskedLoop = kSplitMaskedLoop_;
 
   static constexpr int kBlockK = row_chunk(kHeadDim);
   static constexpr int kHeadDimPadded = padded_to_chunk(kHeadDim);

@@ -36,25 +36,46 @@ struct OnlineSoftmax {
   }
 
   // Turns the scores into unnormalised probabilities in place and rescales acc_o to the new max.
+  //
+  // A row's max only moves when the tile's max exceeds it by more than 2^kMaxGrowthLog2 in
+  // probability: below that, the stale max keeps every probability under 2^kMaxGrowthLog2, where
+  // fp16 and bf16 round P as finely as under 1, and the final lse accounts for whichever max was
+  // used. After the first tiles the max rarely moves that far, and the warp skips the head_dim / 4
+  // multiplies per row that rescaling acc_o costs (as many as the exponentials at head dim 128).
+  static constexpr float kMaxGrowthLog2 = 8.f;
+
   template <class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale_log2) {
     Tensor s = make_tensor(scores.data(), rowcol_layout(scores.layout()));  // (rows, cols)
     Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));    // (rows, head_dim)
     static_assert(decltype(size<0>(s))::value == kRows);
+    float correction[kRows];
+    bool moved = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float tile_max = row_max[r];
+      float tile_max = s(r, 0);
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(s); ++c) tile_max = fmaxf(tile_max, s(r, c));
+      for (int c = 1; c < size<1>(s); ++c) tile_max = fmaxf(tile_max, s(r, c));
       tile_max = quad_max(tile_max);
-      // A row that has seen no key yet keeps max -inf; 0 as the base gives exp2(-inf) = 0
-      // instead of exp2(-inf - -inf) = NaN.
-      const float base = tile_max == -INFINITY ? 0.f : tile_max * scale_log2;
-      const float correction = exp2f(row_max[r] * scale_log2 - base);
-      row_max[r] = tile_max;
-      row_sum[r] *= correction;
+      // -inf (no key seen yet) moves to any finite max; a tile of -inf moves nothing.
+      const bool grows = tile_max * scale_log2 > row_max[r] * scale_log2 + kMaxGrowthLog2;
+      correction[r] = grows ? exp2f((row_max[r] - tile_max) * scale_log2) : 1.f;
+      row_max[r] = grows ? tile_max : row_max[r];
+      row_sum[r] *= correction[r];
+      moved |= grows;
+    }
+    if (__any_sync(0xffffffff, moved)) {
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction;
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(o); ++c) o(r, c) *= correction[r];
+      }
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      // A row that has seen no key keeps max -inf; 0 as the base gives exp2(-inf) = 0 instead
+      // of exp2(-inf - -inf) = NaN.
+      const float base = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         s(r, c) = exp2f(s(r, c) * scale_log2 - base);
