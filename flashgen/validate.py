@@ -92,5 +92,8 @@ def check_scale(softmax_scale, head_dim: int) -> float:
 
 
 def is_aligned(t: torch.Tensor) -> bool:
-    """16-byte loads need the base address and every stride at a multiple of 8 elements."""
-    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    """16-byte loads need the base address and every stride of a (batch, seq, heads, dim) view
+    at a multiple of 8 (2-byte) elements."""
+    batch_stride, row_stride, head_stride, _ = t.stride()
+    # Strides are never negative, so the or has a low bit set iff one of them has.
+    return t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0
