@@ -1,15 +1,17 @@
-"""Where the host time of a tiny flashgen call goes: the requirement is a tiny call (batch 1,
-1 head, seqlen 64, head dim 64, bf16) no slower from Python than the same call through PyTorch's
-SDPA FLASH_ATTENTION backend. Prints per-call microseconds (median of rounds of many calls): the
-totals, then each stage of the eager path timed alone, then the nested calls of that path (each
-includes the ones below it).
+"""Where the host time of a tiny flashgen call goes. The requirement: a tiny call (batch 1, 1 head,
+seqlen 64, head dim 64, bf16, no grad) no slower from Python than the same call through PyTorch's
+SDPA FLASH_ATTENTION backend.
+
+Prints microseconds per call (median of rounds of many calls): the whole calls, then the tree of
+flashgen functions that one call runs, each timed alone by replaying the arguments it got in that
+call (`total` includes its callees, `self` does not; the rest of a parent's self time is its own
+code between calls).
 
 On a CUDA machine, the real path (the hd64 bf16 kernel is compiled on first use if not built):
     PYTHONPATH=$PWD python3 scripts/host_overhead.py
-On a machine without CUDA, the same stages with the CUDA parts replaced (tensors on the CPU that
-report cuda:0, a fixed kernel choice, stream 0, and the real binding calling an empty launcher,
-compiled here with the host compiler). A measure of Python costs only; torch's own SDPA is not
-timed there:
+On a machine without CUDA, the same functions with the CUDA parts replaced: tensors on the CPU
+that report cuda:0, a fixed kernel choice, stream 0, device 0, and the real binding calling an
+empty launcher compiled here with the host compiler. Python costs only; torch's SDPA is not timed:
     PYTHONPATH=$PWD python3 scripts/host_overhead.py --cpu-mock
 """
 
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,8 +33,27 @@ import torch.nn.functional as F
 from flashgen import forward, interface, loader, ops, validate
 
 SHAPE = (1, 64, 1, 64)  # (batch, seqlen, heads, head_dim)
-# Stages that --cpu-mock replaces by a constant: their CPU time says nothing.
-MOCKED = {"_choose", "launch: current stream", "launch: current device"}
+# The functions of the eager path, as (module, name); those a call does not reach are left out.
+PATH = [(interface, name) for name in ("flash_attn_func", "scaled_dot_product_attention",
+                                       "_autocast", "_check_sdpa_tensors")] + \
+       [(validate, name) for name in ("check_unsupported", "passes_tensor_checks",
+                                      "check_tensors", "check_shapes", "check_scale",
+                                      "is_aligned")] + \
+       [(ops, name) for name in ("attention", "_runs_plain_eager", "_fwd_cuda")] + \
+       [(forward, name) for name in ("forward", "_choose", "empty_outputs", "empty_output",
+                                     "launch", "_current_stream", "_current_device")]
+# What --cpu-mock replaces by a constant: their CPU time says nothing.
+MOCKED = {"_choose", "_current_stream", "_current_device"}
+
+
+@dataclass
+class Call:
+    """One function call of a recorded path, with the calls it made."""
+    name: str
+    function: object
+    args: tuple
+    kwargs: dict
+    children: list["Call"] = field(default_factory=list)
 
 
 def per_call_us(fn, calls: int, rounds: int, synchronize) -> float:
@@ -50,58 +72,78 @@ def per_call_us(fn, calls: int, rounds: int, synchronize) -> float:
     return statistics.median(times)
 
 
-def recorded_binding_arguments(call) -> tuple:
-    """The arguments that `call` passes to the binding's fwd (the binding is not called)."""
-    recorded = []
+def record(call) -> Call:
+    """The tree of PATH functions (and the binding's fwd) that call() runs, with their arguments."""
+    root = Call("", None, (), {})
+    stack = [root]
 
-    class Recorder:
-        @staticmethod
-        def fwd(*args):
-            recorded.append(args)
+    def recording(name, function):
+        def wrapper(*args, **kwargs):
+            node = Call(name, function, args, kwargs)
+            stack[-1].children.append(node)
+            stack.append(node)
+            try:
+                return function(*args, **kwargs)
+            finally:
+                stack.pop()
+        return wrapper
 
-    real = loader.binding
-    loader.binding = lambda: Recorder
+    binding = loader.binding()
+
+    class RecordingBinding:
+        fwd = staticmethod(recording("binding fwd", binding.fwd))
+
+    saved = [(module, name, getattr(module, name)) for module, name in PATH
+             if hasattr(module, name)] + [(loader, "binding", loader.binding)]
+    for module, name, function in saved[:-1]:
+        setattr(module, name, recording(name, function))
+    loader.binding = lambda: RecordingBinding
     try:
         call()
     finally:
-        loader.binding = real
-    return recorded[-1]
+        for module, name, function in saved:
+            setattr(module, name, function)
+    return root
 
 
-def flash_attn_func_stages(q, k, v) -> list[tuple[str, object]]:
-    """Each stage of flash_attn_func's eager path, called as the path calls it."""
-    launcher, _ = forward._choose(q.device, "bf16", q.shape[-1], False)
-    out, lse = forward.empty_outputs(q, False)
-    scale = validate.check_scale(None, q.shape[-1])
-    binding = loader.binding()
-    fwd_arguments = recorded_binding_arguments(
-        lambda: forward.launch(launcher, q, k, v, out, lse, scale, 0))
-    return [
-        ("_autocast", lambda: interface._autocast(q, k, v)),
-        ("passes_tensor_checks", lambda: validate.passes_tensor_checks(q, k, v, heads_axis=2)),
-        ("check_scale", lambda: validate.check_scale(None, q.shape[-1])),
-        ("_runs_plain_eager", lambda: ops._runs_plain_eager((q, k, v))),
-        ("_choose", lambda: forward._choose(q.device, "bf16", q.shape[-1], False)),
-        ("empty_outputs", lambda: forward.empty_outputs(q, False)),
-        ("is_aligned x3", lambda: (validate.is_aligned(q), validate.is_aligned(k),
-                                   validate.is_aligned(v))),
-        ("launch: current stream", lambda: forward._current_stream(q.device.index)),
-        ("launch: current device", lambda: torch.cuda.current_device()),
-        ("launch: binding fwd", lambda: binding.fwd(*fwd_arguments)),
-    ]
+def rows(node: Call, depth: int = 0):
+    """(depth, name, calls) per function, in call order; repeated calls of one function by one
+    parent in a row share a row."""
+    groups: list[list[Call]] = []
+    for child in node.children:
+        if groups and groups[-1][0].name == child.name:
+            groups[-1].append(child)
+        else:
+            groups.append([child])
+    for group in groups:
+        yield depth, group[0].name, group
+        if len(group) == 1:
+            yield from rows(group[0], depth + 1)
 
 
-def nested_calls(q, k, v) -> list[tuple[str, object]]:
-    """flash_attn_func and the calls it makes, outermost first."""
-    launcher, _ = forward._choose(q.device, "bf16", q.shape[-1], False)
-    out, lse = forward.empty_outputs(q, False)
-    scale = validate.check_scale(None, q.shape[-1])
-    return [
-        ("flash_attn_func", lambda: interface.flash_attn_func(q, k, v)),
-        ("ops.attention", lambda: ops.attention(q, k, v, scale, False, 0, False, False)),
-        ("forward.forward", lambda: forward.forward(q, k, v, "bf16", scale, False, 0, False)),
-        ("forward.launch", lambda: forward.launch(launcher, q, k, v, out, lse, scale, 0)),
-    ]
+def replay(calls: list[Call]):
+    def run():
+        for c in calls:
+            c.function(*c.args, **c.kwargs)
+    return run
+
+
+def path_report(call, calls: int, rounds: int, synchronize, cpu: bool) -> list[str]:
+    tree = record(call)
+    table = [(depth, name, group, per_call_us(replay(group), calls, rounds, synchronize))
+             for depth, name, group in rows(tree)]
+    lines = ["   total     self"]
+    for i, (depth, name, group, us) in enumerate(table):
+        children = []
+        for later_depth, _, _, later_us in table[i + 1:]:
+            if later_depth <= depth:
+                break
+            if later_depth == depth + 1:
+                children.append(later_us)
+        label = name + (f" x{len(group)}" if len(group) > 1 else "")
+        label += "  (mocked)" if cpu and name in MOCKED else ""
+        lines.append(f"  {us:6.2f}  {us - sum(children):6.2f}  {'  ' * depth}{label}")
+    return lines
 
 
 def totals(q, k, v, with_torch: bool) -> list[tuple]:
@@ -110,19 +152,21 @@ def totals(q, k, v, with_torch: bool) -> list[tuple]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     query, key, value = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # (b, h, s, d)
-    rows = [("flashgen flash_attn_func (b, s, h, d)", lambda: interface.flash_attn_func(q, k, v),
-             contextlib.nullcontext()),
-            ("flashgen scaled_dot_product_attention (b, h, s, d)",
-             lambda: interface.scaled_dot_product_attention(query, key, value),
-             contextlib.nullcontext())]
+    result = [("flashgen flash_attn_func (b, s, h, d)", lambda: interface.flash_attn_func(q, k, v),
+               contextlib.nullcontext()),
+              ("flashgen scaled_dot_product_attention (b, h, s, d)",
+               lambda: interface.scaled_dot_product_attention(query, key, value),
+               contextlib.nullcontext())]
     if with_torch:
         flash = SDPBackend.FLASH_ATTENTION
-        rows += [("torch SDPA FLASH_ATTENTION (b, h, s, d)",
-                  lambda: F.scaled_dot_product_attention(query, key, value), sdpa_kernel(flash)),
-                 ("torch SDPA FLASH_ATTENTION from (b, s, h, d), 3 transposes (bench --overhead)",
-                  lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                         v.transpose(1, 2)), sdpa_kernel(flash))]
-    return rows
+        result += [("torch SDPA FLASH_ATTENTION (b, h, s, d)",
+                    lambda: F.scaled_dot_product_attention(query, key, value), sdpa_kernel(flash)),
+                   ("torch SDPA FLASH_ATTENTION from (b, s, h, d), 3 transposes "
+                    "(as bench --overhead)",
+                    lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                           v.transpose(1, 2)),
+                    sdpa_kernel(flash))]
+    return result
 
 
 @contextlib.contextmanager
@@ -139,9 +183,9 @@ def cpu_mock():
                (torch, "empty", lambda *a, device=None, **kw: real_empty(*a, device=cpu, **kw)),
                (torch, "empty_permuted",
                 lambda *a, device=None, **kw: real_empty_permuted(*a, device=cpu, **kw)),
-               (torch.cuda, "current_device", lambda: 0),
                (torch.cuda, "synchronize", lambda: None),
                (forward, "_current_stream", lambda index: 0),
+               (forward, "_current_device", lambda: 0),
                (forward, "_choose", lambda *args: (launcher, None))]
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
@@ -172,57 +216,47 @@ def empty_launcher() -> loader.Launcher:
 
 
 def report(cpu: bool, calls: int, rounds: int) -> None:
-    device = "cpu" if cpu else "cuda"
-    q, k, v = (torch.randn(SHAPE, dtype=torch.bfloat16, device=device) for _ in range(3))
+    q, k, v = (torch.randn(SHAPE, dtype=torch.bfloat16, device="cpu" if cpu else "cuda")
+               for _ in range(3))
+    query, key, value = (t.transpose(1, 2).contiguous() for t in (q, k, v))
     synchronize = torch.cuda.synchronize
     where = ("CPU mock (Python costs; CUDA replaced)" if cpu
              else f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"flashgen host overhead: bf16 q, k, v {SHAPE}, no grad; {where}")
     print(f"median of {rounds} rounds x {calls} calls, microseconds per call\n")
 
-    def time_rows(rows):
-        results = []
-        for name, fn, *context in rows:
-            with context[0] if context else contextlib.nullcontext():
-                results.append((name, per_call_us(fn, calls, rounds, synchronize)))
-        return results
-
     with torch.no_grad():
         # A first run of the CPU at full clock: the first rows read high without it.
         per_call_us(lambda: interface.flash_attn_func(q, k, v), calls * 10, 1, synchronize)
-        total_rows = time_rows(totals(q, k, v, with_torch=not cpu))
-        stage_rows = time_rows(flash_attn_func_stages(q, k, v))
-        nested_rows = time_rows(nested_calls(q, k, v))
+        total_rows = []
+        for name, fn, context in totals(q, k, v, with_torch=not cpu):
+            with context:
+                total_rows.append((name, per_call_us(fn, calls, rounds, synchronize)))
+        for name, us in total_rows:
+            print(f"  {us:7.2f}  {name}")
+        if not cpu:
+            ours, theirs = total_rows[0][1], total_rows[2][1]
+            print(f"  ratio flash_attn_func / torch SDPA FLASH_ATTENTION: {ours / theirs:.2f}x "
+                  f"(target <= 1.0x)")
+        paths = (("flash_attn_func(q, k, v)", lambda: interface.flash_attn_func(q, k, v)),
+                 ("scaled_dot_product_attention(query, key, value)",
+                  lambda: interface.scaled_dot_product_attention(query, key, value)))
+        for title, call in paths:
+            print(f"\n{title}, each function timed alone:")
+            print("\n".join(path_report(call, calls, rounds, synchronize, cpu)))
         floor = per_call_us(lambda: None, calls, rounds, synchronize)
-
-    for name, us in total_rows:
-        print(f"  {us:7.2f}  {name}")
-    if not cpu:
-        ours, theirs = total_rows[0][1], total_rows[2][1]
-        print(f"  ratio flash_attn_func / torch SDPA FLASH_ATTENTION: {ours / theirs:.2f}x "
-              f"(target <= 1.0x)")
-    print("\nstages of flash_attn_func, each timed alone:")
-    for name, us in stage_rows:
-        print(f"  {us:7.2f}  {name}{'  (mocked)' if cpu and name in MOCKED else ''}")
-    print(f"  {sum(us for _, us in stage_rows):7.2f}  sum (includes one loop floor of "
-          f"{floor:.2f} per stage)")
-    print("\nnested calls (each includes those below it):")
-    for name, us in nested_rows:
-        print(f"  {us:7.2f}  {name}")
+        print(f"\n(an empty call in the timing loop: {floor:.2f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-mock", action="store_true",
-                        help="no CUDA: time the Python stages with CUDA replaced")
+                        help="no CUDA: time the Python path with CUDA replaced")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    if args.cpu_mock:
-        with cpu_mock():
-            report(cpu=True, calls=args.calls, rounds=args.rounds)
-    else:
-        report(cpu=False, calls=args.calls, rounds=args.rounds)
+    with cpu_mock() if args.cpu_mock else contextlib.nullcontext():
+        report(cpu=args.cpu_mock, calls=args.calls, rounds=args.rounds)
 
 
 if __name__ == "__main__":
