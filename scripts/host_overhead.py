@@ -4,8 +4,8 @@ SDPA FLASH_ATTENTION backend.
 
 Prints microseconds per call (median of rounds of many calls): the whole calls, then the tree of
 flashgen functions that one call runs, each timed alone by replaying the arguments it got in that
-call (`total` includes its callees, `self` does not; the rest of a parent's self time is its own
-code between calls).
+call (`total` includes its callees; `self` is total minus the callees' totals: the function's own
+code, a difference of medians that noise can push below zero).
 
 On a CUDA machine, the real path (the hd64 bf16 kernel is compiled on first use if not built):
     PYTHONPATH=$PWD python3 scripts/host_overhead.py
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import os
 import statistics
 import subprocess
 import tempfile
@@ -34,14 +35,14 @@ from flashgen import forward, interface, loader, ops, validate
 
 SHAPE = (1, 64, 1, 64)  # (batch, seqlen, heads, head_dim)
 # The functions of the eager path, as (module, name); those a call does not reach are left out.
-PATH = [(interface, name) for name in ("flash_attn_func", "scaled_dot_product_attention",
-                                       "_autocast", "_check_sdpa_tensors")] + \
-       [(validate, name) for name in ("check_unsupported", "passes_tensor_checks",
-                                      "check_tensors", "check_shapes", "check_scale",
-                                      "is_aligned")] + \
-       [(ops, name) for name in ("attention", "_runs_plain_eager", "_fwd_cuda")] + \
-       [(forward, name) for name in ("forward", "_choose", "empty_outputs", "empty_output",
-                                     "launch", "_current_stream", "_current_device")]
+PATH = ([(interface, name) for name in ("flash_attn_func", "scaled_dot_product_attention",
+                                        "_autocast", "_check_sdpa_tensors")]
+        + [(validate, name) for name in ("check_unsupported", "passes_tensor_checks",
+                                         "check_tensors", "check_shapes", "check_scale",
+                                         "is_aligned")]
+        + [(ops, name) for name in ("attention", "_runs_plain_eager", "_fwd_cuda")]
+        + [(forward, name) for name in ("forward", "_choose", "empty_outputs", "empty_output",
+                                        "launch", "_current_stream", "_current_device")])
 # What --cpu-mock replaces by a constant: their CPU time says nothing.
 MOCKED = {"_choose", "_current_stream", "_current_device"}
 
@@ -58,7 +59,9 @@ class Call:
 
 def per_call_us(fn, calls: int, rounds: int, synchronize) -> float:
     """Median over rounds of the mean time per call; synchronized between rounds only, so queued
-    kernels overlap the host work as they do in a model."""
+    kernels overlap the host work as they do in a model. A round of fewer calls than CUDA queues
+    launches (about 1000) never blocks on a full queue: the time stays the host's even for a
+    replayed launch that takes less time than its kernel."""
     for _ in range(max(calls // 10, 10)):
         fn()
     times = []
@@ -106,19 +109,15 @@ def record(call) -> Call:
     return root
 
 
-def rows(node: Call, depth: int = 0):
-    """(depth, name, calls) per function, in call order; repeated calls of one function by one
-    parent in a row share a row."""
+def grouped(calls: list[Call]) -> list[list[Call]]:
+    """Calls in order, repeated calls of one function in a row together (is_aligned x3)."""
     groups: list[list[Call]] = []
-    for child in node.children:
-        if groups and groups[-1][0].name == child.name:
-            groups[-1].append(child)
+    for call in calls:
+        if groups and groups[-1][0].name == call.name:
+            groups[-1].append(call)
         else:
-            groups.append([child])
-    for group in groups:
-        yield depth, group[0].name, group
-        if len(group) == 1:
-            yield from rows(group[0], depth + 1)
+            groups.append([call])
+    return groups
 
 
 def replay(calls: list[Call]):
@@ -128,21 +127,27 @@ def replay(calls: list[Call]):
     return run
 
 
+def timed_rows(node: Call, depth: int, time_replay) -> tuple[list[tuple], float]:
+    """(depth, label, total, self) for the calls under node, parents before their callees, and
+    the sum of the totals at this depth."""
+    rows, depth_total = [], 0.0
+    for group in grouped(node.children):
+        total = time_replay(group)
+        below, below_total = (timed_rows(group[0], depth + 1, time_replay) if len(group) == 1
+                              else ([], 0.0))
+        label = group[0].name + (f" x{len(group)}" if len(group) > 1 else "")
+        rows += [(depth, label, total, total - below_total)] + below
+        depth_total += total
+    return rows, depth_total
+
+
 def path_report(call, calls: int, rounds: int, synchronize, cpu: bool) -> list[str]:
-    tree = record(call)
-    table = [(depth, name, group, per_call_us(replay(group), calls, rounds, synchronize))
-             for depth, name, group in rows(tree)]
+    rows, _ = timed_rows(record(call), 0,
+                         lambda group: per_call_us(replay(group), calls, rounds, synchronize))
     lines = ["   total     self"]
-    for i, (depth, name, group, us) in enumerate(table):
-        children = []
-        for later_depth, _, _, later_us in table[i + 1:]:
-            if later_depth <= depth:
-                break
-            if later_depth == depth + 1:
-                children.append(later_us)
-        label = name + (f" x{len(group)}" if len(group) > 1 else "")
-        label += "  (mocked)" if cpu and name in MOCKED else ""
-        lines.append(f"  {us:6.2f}  {us - sum(children):6.2f}  {'  ' * depth}{label}")
+    for depth, label, total, self_us in rows:
+        mocked = "  (mocked)" if cpu and label in MOCKED else ""
+        lines.append(f"  {total:6.2f}  {self_us:6.2f}  {'  ' * depth}{label}{mocked}")
     return lines
 
 
@@ -207,8 +212,8 @@ def empty_launcher() -> loader.Launcher:
     source.write_text('extern "C" int empty_launcher(const void*, void*) { return 0; }\n'
                       'extern "C" const char* empty_error_string(int) { return ""; }\n')
     library_path = folder / "empty.so"
-    subprocess.run(["c++", "-O2", "-shared", "-fPIC", str(source), "-o", str(library_path)],
-                   check=True)
+    subprocess.run([os.environ.get("CXX", "c++"), "-O2", "-shared", "-fPIC", str(source), "-o",
+                    str(library_path)], check=True)
     library = ctypes.CDLL(str(library_path))
     address = ctypes.cast(library.empty_launcher, ctypes.c_void_p).value
     error_string = ctypes.cast(library.empty_error_string, ctypes.c_void_p).value
@@ -227,7 +232,7 @@ def report(cpu: bool, calls: int, rounds: int) -> None:
 
     with torch.no_grad():
         # A first run of the CPU at full clock: the first rows read high without it.
-        per_call_us(lambda: interface.flash_attn_func(q, k, v), calls * 10, 1, synchronize)
+        per_call_us(lambda: interface.flash_attn_func(q, k, v), 20000, 1, synchronize)
         total_rows = []
         for name, fn, context in totals(q, k, v, with_torch=not cpu):
             with context:
@@ -252,8 +257,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-mock", action="store_true",
                         help="no CUDA: time the Python path with CUDA replaced")
-    parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=500, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=31)
     args = parser.parse_args()
     with cpu_mock() if args.cpu_mock else contextlib.nullcontext():
         report(cpu=args.cpu_mock, calls=args.calls, rounds=args.rounds)
