@@ -22,13 +22,17 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     does not require grad). The forward is deterministic; deterministic=True makes the backward
     bit-reproducible too.
     """
-    validate.check_unsupported(dropout_p=(dropout_p, 0.0), window_size=(tuple(window_size), (-1, -1)),
-                               softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    if dropout_p != 0.0 or softcap != 0.0 or alibi_slopes is not None or window_size != (-1, -1):
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0),
+                                   window_size=(tuple(window_size), (-1, -1)),
+                                   softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
     q, k, v = _autocast(q, k, v)
-    validate.check_tensors(("q", "k", "v"), q, k, v)
-    _check_shapes(("q", "k", "v"), q, k, v, "(batch, seqlen, nheads, headdim)")
-    scale = validate.check_scale(softmax_scale, q.shape[-1])
-    causal_offset = k.shape[1] - q.shape[1]  # bottom-right aligned
+    if not validate.passes_tensor_checks(q, k, v, heads_axis=2):
+        validate.check_tensors(("q", "k", "v"), q, k, v)
+        validate.check_shapes(("q", "k", "v"), q, k, v, "(batch, seqlen, nheads, headdim)")
+    _, seqlen_q, _, head_dim = q.shape
+    scale = validate.check_scale(softmax_scale, head_dim)
+    causal_offset = k.shape[1] - seqlen_q  # bottom-right aligned
     out, lse = ops.attention(q, k, v, scale, bool(causal), causal_offset, bool(deterministic),
                              heads_first=False)
     return (out, lse, None) if return_attn_probs else out
@@ -41,19 +45,23 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     torch.autocast("cuda") as PyTorch's is. The causal mask is aligned top-left, as PyTorch's.
     Differentiable; the backward is bit-reproducible under
     torch.use_deterministic_algorithms(True)."""
-    validate.check_unsupported(attn_mask=(attn_mask, None), dropout_p=(dropout_p, 0.0))
+    if attn_mask is not None or dropout_p != 0.0:
+        validate.check_unsupported(attn_mask=(attn_mask, None), dropout_p=(dropout_p, 0.0))
     unbatched = isinstance(query, torch.Tensor) and query.dim() == 3
     if unbatched:
         query, key, value = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t
                              for t in (query, key, value))
     query, key, value = _autocast(query, key, value)
-    validate.check_tensors(("query", "key", "value"), query, key, value)
-    q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # views (batch, seq, heads, dim)
-    _check_shapes(("query", "key", "value"), q, k, v, "(batch, heads, seq, dim)")
-    if q.shape[2] != k.shape[2] and not enable_gqa:
-        raise ValueError(f"flashgen: query has {q.shape[2]} heads and key/value {k.shape[2]}; "
+    if not validate.passes_tensor_checks(query, key, value, heads_axis=1):
+        _check_sdpa_tensors(query, key, value)
+    _, heads, _, head_dim = query.shape
+    heads_kv = key.shape[1]
+    if heads != heads_kv and not enable_gqa:
+        raise ValueError(f"flashgen: query has {heads} heads and key/value {heads_kv}; "
                          f"pass enable_gqa=True for grouped-query attention")
-    softmax_scale = validate.check_scale(scale, q.shape[-1])
+    softmax_scale = validate.check_scale(scale, head_dim)
+    # views (batch, seq, heads, dim); spelled out, 0.5 us faster than a generator
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     deterministic = torch.are_deterministic_algorithms_enabled()
     out, _ = ops.attention(q, k, v, softmax_scale, bool(is_causal), 0, deterministic,
                            heads_first=True)
@@ -77,15 +85,8 @@ def _autocast_eligible(t) -> bool:
             and t.dtype != torch.float64)
 
 
-def _check_shapes(names, q, k, v, layout: str) -> None:
-    b, _, h, d = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"flashgen: {names[1]} and {names[2]} must have the same shape "
-                         f"{layout}, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != b or k.shape[3] != d:
-        raise ValueError(f"flashgen: {names[0]} {tuple(q.shape)} and {names[1]} {tuple(k.shape)} "
-                         f"must agree in batch and head dim; layout {layout}")
-    hk = k.shape[2]
-    if hk == 0 or h % hk:
-        raise ValueError(f"flashgen: the number of query heads ({h}) must be a multiple of the "
-                         f"number of key/value heads ({hk})")
+def _check_sdpa_tensors(query, key, value) -> None:
+    """The detailed checks, shapes on the (batch, seq, heads, dim) views as the kernel sees them."""
+    validate.check_tensors(("query", "key", "value"), query, key, value)
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    validate.check_shapes(("query", "key", "value"), q, k, v, "(batch, heads, seq, dim)")

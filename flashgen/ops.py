@@ -74,7 +74,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, scale, causal, causal_offset, determinist
 
 def _bwd_fake(dout, q, k, v, out, lse, scale, causal, causal_offset, deterministic, heads_first):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
-    return tuple(forward.empty_output(t.shape, t.dtype, t.device, heads_first) for t in (q, k, v))
+    return tuple(forward.empty_output(t, heads_first) for t in (q, k, v))
 
 
 def _save_for_backward(ctx, inputs, output):

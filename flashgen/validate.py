@@ -47,6 +47,40 @@ def check_tensors(names: tuple[str, str, str], q, k, v) -> str:
     return SUPPORTED_DTYPES[q.dtype]
 
 
+def check_shapes(names: tuple[str, str, str], q, k, v, layout: str) -> None:
+    """(batch, seq, heads, dim) views: k and v alike, batch and head dim shared with q, query heads
+    a multiple of key/value heads. `layout` names the caller's own layout in the messages."""
+    b, _, h, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"flashgen: {names[1]} and {names[2]} must have the same shape "
+                         f"{layout}, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"flashgen: {names[0]} {tuple(q.shape)} and {names[1]} {tuple(k.shape)} "
+                         f"must agree in batch and head dim; layout {layout}")
+    hk = k.shape[2]
+    if hk == 0 or h % hk:
+        raise ValueError(f"flashgen: the number of query heads ({h}) must be a multiple of the "
+                         f"number of key/value heads ({hk})")
+
+
+def passes_tensor_checks(q, k, v, heads_axis: int) -> bool:
+    """Whether check_tensors and then check_shapes pass, in one expression: a call with good
+    inputs pays for one pass over them (2.2 us instead of 5.6 on a CPU), and the detailed checks
+    run only on the rest, to name what is wrong or to accept what this conservatively refuses.
+    q, k, v as the caller got them: heads_axis is 2 in (batch, seq, heads, dim), 1 in (batch,
+    heads, seq, dim). Must accept nothing that the detailed checks reject."""
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return False  # not a tensor, or a subclass (FakeTensor, Parameter): the detailed checks
+    q_shape, k_shape = q.shape, k.shape
+    return (q.is_cuda and k.is_cuda and v.is_cuda
+            and q.get_device() == k.get_device() == v.get_device()
+            and q.dtype in SUPPORTED_DTYPES and q.dtype == k.dtype == v.dtype
+            and len(q_shape) == 4 and len(k_shape) == 4 and k_shape == v.shape
+            and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+            and k_shape[0] == q_shape[0] and k_shape[3] == q_shape[3]
+            and k_shape[heads_axis] != 0 and q_shape[heads_axis] % k_shape[heads_axis] == 0)
+
+
 def check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)
@@ -58,5 +92,8 @@ def check_scale(softmax_scale, head_dim: int) -> float:
 
 
 def is_aligned(t: torch.Tensor) -> bool:
-    """16-byte loads need the base address and every stride at a multiple of 8 elements."""
-    return t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:-1])
+    """16-byte loads need the base address and every stride of a (batch, seq, heads, dim) view
+    at a multiple of 8 (2-byte) elements."""
+    batch_stride, row_stride, head_stride, _ = t.stride()
+    # Strides are never negative, so the or has a low bit set iff one of them has.
+    return t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0

@@ -261,7 +261,7 @@ def reference_kernels(monkeypatch):
                                       scale=scale, causal=causal, causal_offset=causal_offset,
                                       deterministic=deterministic, heads_first=heads_first))
         dq, dk, dv = reference_grads(q, k, v, dout, causal, causal_offset, scale)
-        return tuple(forward.empty_output(t.shape, t.dtype, t.device, heads_first).copy_(grad)
+        return tuple(forward.empty_output(t, heads_first).copy_(grad)
                      for t, grad in zip((q, k, v), (dq, dk, dv)))
 
     monkeypatch.setattr(forward, "forward", reference_forward)

@@ -36,3 +36,102 @@ def test_unsupported_arguments_name_themselves(kwargs, name):
 def test_non_tensor():
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         flash_attn_func([1.0], *cpu_qkv()[1:])
+
+
+# --- the one-pass check of the common call against the detailed checks -------------------------
+
+CUDA0 = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def tensors_report_their_pretend_device(monkeypatch):
+    """CPU tensors that report to Python the device in their `pretend` attribute (cuda:0 unless
+    set), so the checks, which read only these attributes, run on a CPU."""
+    def device(t):
+        return getattr(t, "pretend", CUDA0)
+
+    monkeypatch.setattr(torch.Tensor, "device", property(device))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: device(t).type == "cuda"))
+    monkeypatch.setattr(torch.Tensor, "get_device",
+                        lambda t: device(t).index if device(t).type == "cuda" else -1)
+
+
+def bshd(b=2, sq=64, sk=64, h=4, hk=4, d=64, dtype=torch.bfloat16):
+    return [torch.randn(b, sq, h, d).to(dtype), torch.randn(b, sk, hk, d).to(dtype),
+            torch.randn(b, sk, hk, d).to(dtype)]
+
+
+def replaced(tensors, index, value):
+    tensors = list(tensors)
+    tensors[index] = value
+    return tensors
+
+
+def on(device, t):
+    t.pretend = torch.device(device)
+    return t
+
+
+def heads_first(t):
+    """The (batch, heads, seq, dim) view, of the same type on the same pretend device."""
+    view = t.transpose(1, 2)
+    if type(t) is torch.nn.Parameter:
+        view = torch.nn.Parameter(view)
+    if hasattr(t, "pretend"):
+        view.pretend = t.pretend
+    return view
+
+
+# name: (q, k, v) in (batch, seq, heads, dim), built under the fixture
+TENSOR_CASES = {
+    "common": lambda: bshd(),
+    "gqa": lambda: bshd(h=8, hk=2),
+    "fp16": lambda: bshd(dtype=torch.float16),
+    "strided_views": lambda: [t[:, ::2] for t in bshd()],
+    "no_query_rows": lambda: bshd(sq=0),
+    "cpu_key": lambda: replaced(bshd(), 1, on("cpu", bshd()[1])),
+    "other_gpu_value": lambda: replaced(bshd(), 2, on("cuda:1", bshd()[2])),
+    "mixed_dtypes": lambda: replaced(bshd(), 2, bshd(dtype=torch.float16)[2]),
+    "fp32": lambda: bshd(dtype=torch.float32),
+    "integer": lambda: bshd(dtype=torch.int32),
+    "rank3": lambda: [t[0] for t in bshd()],
+    "rank3_key": lambda: replaced(bshd(), 1, bshd()[1][0]),
+    "batch_mismatch": lambda: replaced(bshd(), 0, bshd(b=3)[0]),
+    "head_dim_mismatch": lambda: replaced(bshd(), 0, bshd(d=128)[0]),
+    "kv_seqlen_mismatch": lambda: replaced(bshd(), 2, bshd(sk=65)[2]),
+    "heads_not_multiple": lambda: bshd(h=6, hk=4),
+    "no_key_heads": lambda: bshd(hk=0),
+    "head_dim_not_contiguous": lambda: [t.transpose(2, 3).contiguous().transpose(2, 3)
+                                        for t in bshd()],
+    "head_dim_1_strided": lambda: [t[..., ::2] for t in bshd(d=2)],
+    "not_a_tensor": lambda: replaced(bshd(), 0, [[1.0]]),
+    "parameter": lambda: replaced(bshd(), 0, torch.nn.Parameter(bshd()[0])),
+}
+# Good inputs that the one-pass check leaves to the detailed checks.
+DETAILED_ONLY = {"head_dim_1_strided", "parameter"}
+
+
+def detailed_checks_pass(check) -> bool:
+    try:
+        check()
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", sorted(TENSOR_CASES))
+def test_one_pass_check_agrees_with_the_detailed_checks(tensors_report_their_pretend_device,
+                                                         case):
+    from flashgen import interface, validate
+
+    q, k, v = TENSOR_CASES[case]()
+    good = detailed_checks_pass(lambda: (validate.check_tensors(("q", "k", "v"), q, k, v),
+                                         validate.check_shapes(("q", "k", "v"), q, k, v, "")))
+    assert validate.passes_tensor_checks(q, k, v, heads_axis=2) == (good and
+                                                                    case not in DETAILED_ONLY)
+    query, key, value = (heads_first(t) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
+                         for t in (q, k, v))
+    good_sdpa = detailed_checks_pass(lambda: interface._check_sdpa_tensors(query, key, value))
+    assert good_sdpa == good
+    assert validate.passes_tensor_checks(query, key, value, heads_axis=1) == (
+        good and case not in DETAILED_ONLY)

@@ -93,7 +93,7 @@ def test_device_guard_switches_to_the_tensors_device(monkeypatch):
             entered.append(self.idx)
             return super().__enter__()
 
-    monkeypatch.setattr(forward.torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(forward, "_current_device", lambda: 1)
     monkeypatch.setattr(forward.torch.cuda, "device", RecordingDevice)
     q, k, v = randn(1, 64, 2, 64), randn(1, 64, 2, 64), randn(1, 64, 2, 64)
     out = flash_attn_func(q, k, v)
