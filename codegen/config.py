@@ -9,6 +9,11 @@ Layout of the file (see configs/default.toml):
     block_n = 64
     warps = 4
     kv_stages = 2
+    [[arch.sm_90.head_dim.128.variants]] # optional, repeatable: more forward tiles, chosen
+    block_m = 64                         # per call by shape (flashgen/tile_choice.py)
+    block_n = 64
+    warps = 4
+    kv_stages = 2
     [arch.sm_90.head_dim.128.backward]   # optional: the backward kernel's tile
     block_m = 64
     block_n = 128
@@ -32,6 +37,7 @@ MAX_HEAD_DIM = 256
 FORWARD_KEYS = ("block_m", "block_n", "warps", "kv_stages")
 BACKWARD_KEYS = ("block_m", "block_n", "warps", "q_stages")
 BACKWARD_TABLE = "backward"
+VARIANTS_TABLE = "variants"
 
 
 class ConfigError(ValueError):
@@ -58,9 +64,16 @@ class Config:
     # (arch, head_dim) -> tile, sorted; backward_tiles only for the head dims that have one
     tiles: tuple[tuple[tuple[str, int], Tile], ...]
     backward_tiles: tuple[tuple[tuple[str, int], Tile], ...] = ()
+    # The extra forward tiles, sorted; a head dim may have several or none
+    variant_tiles: tuple[tuple[tuple[str, int], Tile], ...] = ()
 
     def head_dims(self, arch: str) -> list[int]:
         return sorted(hd for (a, hd), _ in self.tiles if a == arch)
+
+    def forward_tiles(self, arch: str, head_dim: int) -> tuple[Tile, ...]:
+        """The head dim's main forward tile first, then its variants."""
+        key = (arch, head_dim)
+        return (dict(self.tiles)[key], *(tile for k, tile in self.variant_tiles if k == key))
 
     @property
     def archs(self) -> list[str]:
@@ -94,26 +107,22 @@ def parse_config(raw: dict, path: Path) -> Config:
     arch_tables = raw.get("arch")
     if not isinstance(arch_tables, dict) or not arch_tables:
         raise fail("arch", "at least one [arch.sm_XX.head_dim.N] table is required")
-    tiles, backward_tiles = {}, {}
+    tiles, backward_tiles, variant_tiles = {}, {}, []
     for arch, table in arch_tables.items():
         if arch not in ARCHS:
             raise fail(f"arch.{arch}", f"unknown arch; known: {', '.join(ARCHS)}")
         _reject_unknown(table, {"head_dim"}, f"arch.{arch}", fail)
         for hd_key, tile_table in table.get("head_dim", {}).items():
             where = f"arch.{arch}.head_dim.{hd_key}"
-            head_dim = _parse_head_dim(hd_key, where, fail)
-            forward = dict(tile_table) if isinstance(tile_table, dict) else tile_table
-            backward = forward.pop(BACKWARD_TABLE, None) if isinstance(forward, dict) else None
-            tiles[(arch, head_dim)] = _parse_tile(forward, FORWARD_KEYS,
-                                                  resources.tile_problems, head_dim,
-                                                  ARCHS[arch], where, fail)
+            key = (arch, _parse_head_dim(hd_key, where, fail))
+            tiles[key], backward, variants = _parse_head_dim_table(tile_table, *key, where, fail)
             if backward is not None:
-                backward_tiles[(arch, head_dim)] = _parse_tile(
-                    backward, BACKWARD_KEYS, resources.backward_tile_problems, head_dim,
-                    ARCHS[arch], f"{where}.{BACKWARD_TABLE}", fail)
+                backward_tiles[key] = backward
+            variant_tiles += ((key, tile) for tile in variants)
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))),
                   causal=tuple(sorted(set(causal))), tiles=tuple(sorted(tiles.items())),
-                  backward_tiles=tuple(sorted(backward_tiles.items())))
+                  backward_tiles=tuple(sorted(backward_tiles.items())),
+                  variant_tiles=tuple(sorted(variant_tiles)))
 
 
 def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:
@@ -133,10 +142,38 @@ def _parse_head_dim(key: str, where: str, fail) -> int:
     return head_dim
 
 
+def _parse_head_dim_table(table, arch: str, head_dim: int, where: str, fail):
+    """(main forward tile, backward tile or None, forward variants) of one head dim's table."""
+    forward = _parse_tile(table, FORWARD_KEYS, resources.tile_problems, head_dim, ARCHS[arch],
+                          where, fail, subtables=(BACKWARD_TABLE, VARIANTS_TABLE))
+    backward = None
+    if BACKWARD_TABLE in table:
+        backward = _parse_tile(table[BACKWARD_TABLE], BACKWARD_KEYS,
+                               resources.backward_tile_problems, head_dim, ARCHS[arch],
+                               f"{where}.{BACKWARD_TABLE}", fail)
+    variants = _parse_variants(table.get(VARIANTS_TABLE, []), forward, head_dim, ARCHS[arch],
+                               f"{where}.{VARIANTS_TABLE}", fail)
+    return forward, backward, variants
+
+
+def _parse_variants(tables, main: Tile, head_dim: int, arch, where: str, fail) -> list[Tile]:
+    """The [[...variants]] array of forward tiles: each checked like the main tile, none twice."""
+    if not isinstance(tables, list):
+        raise fail(where, f"must be an array of tables: write each one as [[{where}]]")
+    variants = []
+    for i, table in enumerate(tables):
+        tile = _parse_tile(table, FORWARD_KEYS, resources.tile_problems, head_dim, arch,
+                           f"{where}[{i}]", fail)
+        if tile == main or tile in variants:
+            raise fail(f"{where}[{i}]", f"{tile.suffix} repeats "
+                       f"{'the main tile' if tile == main else 'an earlier variant'}")
+        variants.append(tile)
+    return variants
+
+
 def _parse_tile(table, keys: tuple[str, ...], tile_problems, head_dim: int, arch, where: str,
-                fail) -> Tile:
-    allowed = set(keys) | ({BACKWARD_TABLE} if keys == FORWARD_KEYS else set())
-    _reject_unknown(table, allowed, where, fail)
+                fail, subtables: tuple[str, ...] = ()) -> Tile:
+    _reject_unknown(table, set(keys) | set(subtables), where, fail)
     missing = [k for k in keys if k not in table]
     if missing:
         raise fail(where, f"missing key(s) {missing}")

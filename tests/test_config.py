@@ -9,6 +9,8 @@ from codegen.config import ConfigError, Tile, load_config
 
 TILE = "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
 BACKWARD = "[arch.sm_90.head_dim.64.backward]\n"
+VARIANT = "[[arch.sm_90.head_dim.64.variants]]\n"
+SMALL_TILE = "block_m = 64\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
 
 
 def write(tmp_path, text):
@@ -40,6 +42,21 @@ def test_backward_table(tmp_path):
     config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}"
                                          "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"))
     assert config.backward_tiles == ((("sm_90", 64), Tile(64, 128, 8, 2)),)
+
+
+def test_variants_follow_the_main_tile(tmp_path):
+    config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}{SMALL_TILE}"
+                                         f"{VARIANT}block_m = 64\nblock_n = 128\nwarps = 4\n"
+                                         "kv_stages = 2\n"))
+    assert config.tiles == ((("sm_90", 64), Tile(128, 64, 4, 2)),)
+    assert config.forward_tiles("sm_90", 64) == (Tile(128, 64, 4, 2), Tile(64, 64, 4, 2),
+                                                 Tile(64, 128, 4, 2))
+
+
+def test_a_head_dim_without_variants_has_its_main_tile_only(tmp_path):
+    config = load_config(write(tmp_path, f"[arch.sm_90.head_dim.64]\n{TILE}"))
+    assert config.variant_tiles == ()
+    assert config.forward_tiles("sm_90", 64) == (Tile(128, 64, 4, 2),)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -85,6 +102,26 @@ def test_backward_table(tmp_path):
      "backward: shared memory 212992 bytes exceeds the arch limit of 166912"),
     (f"[arch.sm_90.head_dim.64]\n{TILE}{BACKWARD}block_m = 128\nblock_n = 128\nwarps = 4\n"
      "q_stages = 1\n", "accumulator registers"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}{SMALL_TILE}q_stages = 2\n",
+     r"head_dim.64.variants\[0\]: unknown key\(s\) \['q_stages'\]"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}block_m = 64\nblock_n = 64\nwarps = 4\n",
+     r"head_dim.64.variants\[0\]: missing key\(s\) \['kv_stages'\]"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}{SMALL_TILE}{VARIANT}block_m = 64\n"
+     "block_n = 64\nwarps = 0\nkv_stages = 2\n",
+     r"head_dim.64.variants\[1\].warps: 0 must be a positive integer"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}block_m = 64\nblock_n = 64\nwarps = 8\n"
+     "kv_stages = 2\n", r"variants\[0\]: block_m = 64 must be a multiple of 16 \* warps"),
+    (f"[arch.sm_90.head_dim.256]\nblock_m = 128\nblock_n = 64\nwarps = 8\nkv_stages = 2\n"
+     "[[arch.sm_90.head_dim.256.variants]]\nblock_m = 128\nblock_n = 128\nwarps = 8\n"
+     "kv_stages = 3\n",
+     r"head_dim.256.variants\[0\]: shared memory .* exceeds the arch limit of 232448"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}{TILE}",
+     r"variants\[0\]: m128n64w4s2 repeats the main tile"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}{VARIANT}{SMALL_TILE}{VARIANT}{SMALL_TILE}",
+     r"variants\[1\]: m64n64w4s2 repeats an earlier variant"),
+    (f"[arch.sm_90.head_dim.64]\n{TILE}[arch.sm_90.head_dim.64.variants]\n{SMALL_TILE}",
+     r"head_dim.64.variants: must be an array of tables: write each one as "
+     r"\[\[arch.sm_90.head_dim.64.variants\]\]"),
 ])
 def test_invalid_configs_are_rejected(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as info:
