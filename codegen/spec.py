@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from codegen import resources
@@ -46,12 +46,16 @@ DIRECTIONS = ("fwd", "bwd")
 
 
 def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, causal=None,
-                    directions=None) -> list[KernelSpec]:
-    """All specs of the config, sorted, optionally filtered (None keeps everything)."""
-    tables = {"fwd": config.tiles, "bwd": config.backward_tiles}
+                    directions=None, variants=True) -> list[KernelSpec]:
+    """All specs of the config, sorted, optionally filtered (None keeps everything); with
+    variants=False, only the main tiles' (one spec per direction, arch, dtype, head dim, causal:
+    what dispatch.select chooses among)."""
+    tables = [("fwd", config.tiles), ("bwd", config.backward_tiles)]
+    if variants:
+        tables.append(("fwd", config.variant_tiles))
     specs = [
         KernelSpec(arch, dtype, head_dim, is_causal, tile, direction)
-        for direction, tiles in tables.items()
+        for direction, tiles in tables
         for (arch, head_dim), tile in tiles
         for dtype in config.dtypes
         for is_causal in config.causal
@@ -64,3 +68,9 @@ def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, cau
         and (causal is None or s.causal in causal)
         and (directions is None or s.direction in directions)
     )
+
+
+def forward_candidates(config: Config, spec: KernelSpec) -> tuple[KernelSpec, ...]:
+    """The forward kernels that can run the calls of a main-tile forward spec: that spec first,
+    then one per variant tile of its head dim (flashgen/tile_choice.py picks per call)."""
+    return tuple(replace(spec, tile=tile) for tile in config.forward_tiles(spec.arch, spec.head_dim))

@@ -82,7 +82,7 @@ def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
     found = _choices.get(key)
     if found is None:
         arch = arch_for_capability(*torch.cuda.get_device_capability(device))
-        choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
+        choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
                                  paths.config_path(), direction="bwd")
         found = (loader.launcher(choice.spec), choice.spec.head_dim)
         _choices[key] = found

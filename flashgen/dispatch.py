@@ -26,7 +26,9 @@ class Choice:
 
 def select(specs: tuple[KernelSpec, ...], arch: str, dtype: str, head_dim: int, causal: bool,
            config_path: Path | str = "the config", direction: str = "fwd") -> Choice:
-    """The spec for this call: the exact head dim if configured, else the next larger one."""
+    """The spec for this call: the exact head dim if configured, else the next larger one.
+    specs: the main tiles' specs (enumerate_specs(..., variants=False)), one per direction, arch,
+    dtype, head dim and causality."""
     arch_specs = [s for s in specs if s.arch == arch and s.direction == direction]
     what = "forward" if direction == "fwd" else "backward"
     table = "" if direction == "fwd" else ".backward"

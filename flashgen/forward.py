@@ -118,7 +118,7 @@ def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
         if arch is None:
             arch = arch_for_capability(*torch.cuda.get_device_capability(device))
             _arch_of_device[device.index] = arch
-        choice = dispatch.select(registry.configured_specs(), arch, dtype, head_dim, causal,
+        choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
                                  paths.config_path())
         found = (loader.launcher(choice.spec), choice.spec.head_dim if choice.pad_head_dim else None)
         _choices[key] = found

@@ -13,12 +13,14 @@ from codegen.spec import KernelSpec, enumerate_specs
 @functools.cache
 def _load(path: Path) -> tuple[Config, tuple[KernelSpec, ...]]:
     config = load_config(path)
-    return config, tuple(enumerate_specs(config))
+    return config, tuple(enumerate_specs(config, variants=False))
 
 
 def active_config() -> Config:
     return _load(paths.config_path())[0]
 
 
-def configured_specs() -> tuple[KernelSpec, ...]:
+def main_specs() -> tuple[KernelSpec, ...]:
+    """The main tiles' specs, one per (direction, arch, dtype, head dim, causal): what
+    dispatch.select chooses among (spec.forward_candidates adds a forward spec's variants)."""
     return _load(paths.config_path())[1]

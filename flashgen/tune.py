@@ -6,7 +6,8 @@ Candidates come from a small grid filtered by the same resource checks the confi
 that fails to compile, spills registers (ptxas), gives a wrong result or does not fit is
 reported and skipped, never chosen. The winner per head dim has the best geometric-mean TFLOP/s
 over every dtype and causality measured, since the config holds one tile per (arch, head dim,
-direction).
+direction). Only the main tiles are tuned: a head dim's [[...variants]] stay as written, and a
+winner equal to one of them makes the config refuse to load (so --write stops, naming it).
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ def test_version():
 
 def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
-    assert "rendered 96 kernel(s)" in capsys.readouterr().out
-    assert len(list(tmp_path.glob("sm_90/fwd_*.cu"))) == 24
+    assert "rendered 116 kernel(s)" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("sm_90/fwd_*.cu"))) == 24 + 12  # main tiles + 3 variants
     assert len(list(tmp_path.glob("sm_90/bwd_*.cu"))) == 24
     assert (tmp_path / "manifest.json").is_file()
 
@@ -49,8 +49,9 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in out and "not built" in out
+    assert "fwd_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the variant
     assert "bwd_sm90_bf16_hd128_causal_m64n128w8s2" in out
-    assert "8 kernel(s)" in out
+    assert "12 kernel(s)" in out
 
 
 def test_list_filters_by_direction(tmp_path, monkeypatch, capsys):

@@ -9,7 +9,8 @@ from codegen.config import load_config
 from codegen.spec import enumerate_specs
 from flashgen.dispatch import DispatchError, select
 
-SPECS = tuple(enumerate_specs(load_config(paths.DEFAULT_CONFIG)))
+CONFIG = load_config(paths.DEFAULT_CONFIG)
+SPECS = tuple(enumerate_specs(CONFIG, variants=False))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -20,6 +21,7 @@ def test_configured_head_dims_run_exactly(arch, head_dim, dtype, causal):
     choice = select(SPECS, arch, dtype, head_dim, causal)
     spec = choice.spec
     assert (spec.arch, spec.dtype, spec.head_dim, spec.causal) == (arch, dtype, head_dim, causal)
+    assert spec.tile == CONFIG.forward_tiles(arch, head_dim)[0]  # the main tile, not a variant
     assert not choice.pad_head_dim
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from codegen import paths, render
 from codegen.config import load_config
-from codegen.spec import enumerate_specs
+from codegen.spec import enumerate_specs, forward_candidates
 
 
 @pytest.fixture(scope="module")
@@ -15,23 +15,46 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # 2 directions x 2 archs x 6 head dims x 2 dtypes x 2 causal
-    assert len(specs) == 96
-    assert len({s.name for s in specs}) == 96
+    # (2 directions x 2 archs x 6 head dims + 5 forward variants) x 2 dtypes x 2 causal
+    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2
+    assert len({s.name for s in specs}) == len(specs)
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.causal]
     assert sorted(s.name for s in chosen) == ["bwd_sm90_bf16_hd128_causal_m64n128w8s2",
-                                              "fwd_sm90_bf16_hd128_causal_m128n64w4s2"]
+                                              "fwd_sm90_bf16_hd128_causal_m128n64w4s2",
+                                              "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
 
 
 def test_filters(specs):
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              causal=[False], directions=["fwd"])
-    assert [s.name for s in chosen] == ["fwd_sm90_fp16_hd64_full_m128n64w4s3"]
+    assert sorted(s.name for s in chosen) == ["fwd_sm90_fp16_hd64_full_m128n64w4s3",
+                                              "fwd_sm90_fp16_hd64_full_m64n64w4s2"]
+
+
+def test_without_variants_one_spec_per_direction_and_call_properties():
+    specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), variants=False)
+    assert len(specs) == 2 * 2 * 6 * 2 * 2
+    assert len({(s.direction, s.arch, s.dtype, s.head_dim, s.causal) for s in specs}) == len(specs)
+    assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in {s.name for s in specs}
+
+
+def test_forward_candidates_put_the_main_tile_first():
+    config = load_config(paths.DEFAULT_CONFIG)
+    main = next(s for s in enumerate_specs(config, variants=False) if s.direction == "fwd"
+                and (s.arch, s.dtype, s.head_dim, s.causal) == ("sm_90", "bf16", 128, True))
+    assert [s.name for s in forward_candidates(config, main)] == [
+        "fwd_sm90_bf16_hd128_causal_m128n64w4s2", "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
+
+
+def test_a_head_dim_without_variants_has_one_candidate():
+    config = load_config(paths.DEFAULT_CONFIG)
+    main = next(s for s in enumerate_specs(config, head_dims=[96]) if s.direction == "fwd")
+    assert forward_candidates(config, main) == (main,)
 
 
 @pytest.mark.parametrize("direction, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])

@@ -6,7 +6,7 @@ import pytest
 
 from codegen import paths, resources
 from codegen.arch import ARCHS
-from codegen.config import Tile, load_config
+from codegen.config import ConfigError, Tile, load_config
 from flashgen import tune
 
 
@@ -83,6 +83,17 @@ def test_set_tile_rewrites_one_table_and_keeps_the_rest(tmp_path):
     assert {k: v for k, v in tiles.items() if k != ("sm_90", 128)} == \
         {k: v for k, v in old.items() if k != ("sm_90", 128)}
     assert new.count("# ") == text.count("# ")  # comments survive
+    assert load_config(path).variant_tiles == load_config(paths.DEFAULT_CONFIG).variant_tiles
+
+
+def test_a_winner_equal_to_a_variant_is_refused_naming_it(tmp_path):
+    """The tuner tunes the main tile only; `flashgen tune --write` checks the config loads."""
+    path = tmp_path / "tuned.toml"
+    path.write_text(tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "sm_90", 128,
+                                  Tile(64, 64, 4, 2)))
+    with pytest.raises(ConfigError, match=r"head_dim.128.variants\[0\]: m64n64w4s2 repeats the "
+                                          "main tile"):
+        load_config(path)
 
 
 def test_set_tile_appends_a_missing_table(tmp_path):
