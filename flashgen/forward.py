@@ -1,8 +1,11 @@
 """The forward pass on (batch, seq, heads, dim) views: out and the log-sum-exp of each query row,
-from one compiled kernel chosen per (device, dtype, head dim, causal)."""
+from one compiled kernel: the head dim's main tile or, where the call's shape leaves SMs idle, one
+of its variants (tile_choice.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import sys
 
@@ -11,7 +14,8 @@ import torch.nn.functional as F
 
 from codegen import paths
 from codegen.arch import arch_for_capability
-from flashgen import dispatch, loader, registry, validate
+from codegen.spec import KernelSpec, forward_candidates
+from flashgen import dispatch, loader, registry, tile_choice, validate
 
 _LOG2_E = math.log2(math.e)
 # The current stream's handle as an int, as inductor's generated code gets it (CUDA builds of
@@ -21,8 +25,8 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # torch.cuda.current_device() without its lazy-initialisation check, which the tensors' existence
 # makes moot (0.4 us per call on a CPU). Not cached: torch.cuda.set_device may change it any time.
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
-_arch_of_device: dict[int, str] = {}
-_choices: dict[tuple, tuple[loader.Launcher, int | None]] = {}
+# None: tile_choice picks each call's tile by shape; an index forces that candidate (forced_tile).
+_forced_tile: int | None = None
 _warned_copy = False
 
 
@@ -36,7 +40,8 @@ def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
     device = q.device
-    launcher, padded_head_dim = _choose(device, dtype, head_dim, causal)
+    launcher, padded_head_dim = _choose(device.index, dtype, head_dim, causal, batch * heads,
+                                        seqlen_q, _forced_tile)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -110,16 +115,51 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
-    key = (device.index, dtype, head_dim, causal)
-    found = _choices.get(key)
-    if found is None:
-        arch = _arch_of_device.get(device.index)
-        if arch is None:
-            arch = arch_for_capability(*torch.cuda.get_device_capability(device))
-            _arch_of_device[device.index] = arch
-        choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
-                                 paths.config_path())
-        found = (loader.launcher(choice.spec), choice.spec.head_dim if choice.pad_head_dim else None)
-        _choices[key] = found
-    return found
+def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, batch_heads: int,
+               seqlen_q: int) -> KernelSpec:
+    """The forward kernel a call of this shape runs (the bench reports its tile)."""
+    launcher, _ = _choose(device.index, dtype, head_dim, causal, batch_heads, seqlen_q,
+                          _forced_tile)
+    return launcher.spec
+
+
+@contextlib.contextmanager
+def forced_tile(index: int):
+    """Inside, every forward call runs candidate `index` of its head dim (0: the main tile, 1: the
+    first variant) whatever its shape: the bench's flashgen_main_tile and flashgen_variant_tile."""
+    global _forced_tile
+    previous, _forced_tile = _forced_tile, index
+    try:
+        yield
+    finally:
+        _forced_tile = previous
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose(device_index: int, dtype: str, head_dim: int, causal: bool, batch_heads: int,
+            seqlen_q: int, forced: int | None) -> tuple[loader.Launcher, int | None]:
+    """The launcher for a call of this shape and the head dim to zero-pad to (None: no padding).
+    Cached: the first call of a shape decides, later ones pay one lookup."""
+    candidates, padded_head_dim, sm_count = _candidates(device_index, dtype, head_dim, causal)
+    if forced is None:
+        tile = tile_choice.choose_tile([s.tile for s in candidates], batch_heads, seqlen_q,
+                                       sm_count)
+        spec = next(s for s in candidates if s.tile == tile)
+    elif forced < len(candidates):
+        spec = candidates[forced]
+    else:
+        raise NotImplementedError(f"flashgen: head dim {head_dim} has {len(candidates)} forward "
+                                  f"tile(s); tile {forced} was forced")
+    return loader.launcher(spec), padded_head_dim
+
+
+@functools.cache
+def _candidates(device_index: int, dtype: str, head_dim: int, causal: bool):
+    """The forward specs that can run these calls on this device (the main tile's first), the head
+    dim to zero-pad to (None: no padding) and the device's SM count."""
+    props = torch.cuda.get_device_properties(device_index)
+    arch = arch_for_capability(props.major, props.minor)
+    choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
+                             paths.config_path())
+    return (forward_candidates(registry.active_config(), choice.spec),
+            choice.spec.head_dim if choice.pad_head_dim else None, props.multi_processor_count)

@@ -1,0 +1,62 @@
+"""The forward's kernel per call, without a GPU: an H100's properties and launchers are faked, the
+default config's candidates and tile_choice are real."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from codegen.config import Tile
+
+torch = pytest.importorskip("torch")
+
+H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
+DEVICE = torch.device("cuda", 0)
+MAIN, SMALL = Tile(128, 64, 4, 2), Tile(64, 64, 4, 2)  # sm_90 head dim 128
+
+
+@pytest.fixture
+def forward(monkeypatch):
+    from flashgen import forward
+
+    monkeypatch.delenv("FLASHGEN_CONFIG", raising=False)
+    monkeypatch.setattr(forward.torch.cuda, "get_device_properties", lambda index: H100)
+    monkeypatch.setattr(forward.loader, "launcher", lambda spec: SimpleNamespace(spec=spec))
+    forward._choose.cache_clear()
+    forward._candidates.cache_clear()
+    yield forward
+    forward._choose.cache_clear()
+    forward._candidates.cache_clear()
+
+
+def test_a_full_gpu_runs_the_main_tile(forward):
+    spec = forward.kernel_for(DEVICE, "bf16", 128, True, batch_heads=16 * 16, seqlen_q=4096)
+    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n64w4s2"
+
+
+def test_few_short_sequences_run_the_variant(forward):
+    spec = forward.kernel_for(DEVICE, "bf16", 128, True, batch_heads=16, seqlen_q=512)
+    assert spec.name == "fwd_sm90_bf16_hd128_causal_m64n64w4s2"
+
+
+def test_a_head_dim_without_variants_runs_its_main_tile(forward):
+    assert forward.kernel_for(DEVICE, "fp16", 96, False, 1, 512).tile == Tile(128, 64, 4, 2)
+
+
+def test_a_padded_head_dim_chooses_among_the_larger_head_dims_tiles(forward):
+    assert forward._choose(0, "bf16", 120, False, 16, 512, None)[1] == 128
+    assert forward.kernel_for(DEVICE, "bf16", 120, False, 16, 512).tile == SMALL
+
+
+def test_forced_tiles_override_the_shape(forward):
+    with forward.forced_tile(0):
+        assert forward.kernel_for(DEVICE, "bf16", 128, False, 16, 512).tile == MAIN
+    with forward.forced_tile(1):
+        assert forward.kernel_for(DEVICE, "bf16", 128, False, 256, 4096).tile == SMALL
+    assert forward.kernel_for(DEVICE, "bf16", 128, False, 16, 512).tile == SMALL  # restored
+
+
+def test_forcing_a_variant_the_head_dim_lacks_is_not_implemented(forward):
+    with forward.forced_tile(1), pytest.raises(NotImplementedError, match="head dim 96 has 1"):
+        forward.kernel_for(DEVICE, "bf16", 96, False, 16, 512)
