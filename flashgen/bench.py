@@ -1,6 +1,8 @@
 """`flashgen bench`: flashgen against PyTorch's SDPA backends, in one process, on one GPU.
 
-FlashAttention's convention: batch * seqlen = 16k tokens, heads * head_dim = 2048. Forward FLOPs
+FlashAttention's convention: batch * seqlen = 16k tokens, heads * head_dim = 2048 (--batch and
+--heads replace either, e.g. batch 1 for the few-sequence shapes where the forward's shape-aware
+tile choice pays: flashgen_main_tile times the main tile alone). Forward FLOPs
 are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal; the backward counts
 2.5x the forward (five matmuls to the forward's two), forward + backward 3.5x. Times are medians
 of CUDA-event-timed calls after warm-up, on fresh random inputs, rotating input sets when they
@@ -20,10 +22,14 @@ from pathlib import Path
 TOKENS = 16384
 HIDDEN = 2048
 IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
-# Timed only when asked for (--impl): what deterministic=True costs flashgen's backward.
-OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic",)
+# Timed only when asked for (--impl): what deterministic=True costs flashgen's backward, and
+# flashgen's forward on one tile whatever the shape (forward.forced_tile): the main tile, or the
+# head dim's first variant.
+FORCED_TILES = {"flashgen_main_tile": 0, "flashgen_variant_tile": 1}
+OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic", *FORCED_TILES)
 KNOWN_IMPLEMENTATIONS = IMPLEMENTATIONS + OPTIONAL_IMPLEMENTATIONS
 PEER = "FLASH_ATTENTION"  # FlashAttention-2: the ratio column
+MAIN_TILE = "flashgen_main_tile"  # when timed, a column of what the shape-aware choice gains
 DEFAULT_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (64, 128, 256),
                 "seqlens": (512, 1024, 2048, 4096, 8192, 16384), "causal": (False, True)}
 MODES = ("fwd", "bwd", "fwd_bwd")
@@ -31,7 +37,8 @@ DEFAULT_MODES = ("fwd", "bwd")
 MODE_NAMES = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}
 FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}  # FlashAttention's count, per forward
 SCHEMA_VERSION = 2  # 2: cells of every mode, results may be {"unsupported": why}
-RESULT_FORMS = ({"ms", "tflops"}, {"error"}, {"unsupported"})
+# A flashgen result where the forward is timed also names the forward tile that ran ("tile").
+RESULT_FORMS = ({"ms", "tflops"}, {"ms", "tflops", "tile"}, {"error"}, {"unsupported"})
 CELL_KEYS = {"mode", "dtype", "head_dim", "causal", "seqlen", "batch", "heads", "flops", "results"}
 
 MEMORY_SEQLENS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -51,9 +58,11 @@ def mode_flops(mode: str, batch, heads, seqlen_q, seqlen_k, head_dim, causal) ->
     return FLOP_FACTOR[mode] * forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal)
 
 
-def grid_shape(seqlen: int, head_dim: int) -> tuple[int, int]:
-    """(batch, heads) for the convention above."""
-    return max(1, TOKENS // seqlen), max(1, HIDDEN // head_dim)
+def grid_shape(seqlen: int, head_dim: int, batch: int | None = None,
+               heads: int | None = None) -> tuple[int, int]:
+    """(batch, heads) for the convention above; a given batch or heads replaces the
+    convention's."""
+    return batch or max(1, TOKENS // seqlen), heads or max(1, HIDDEN // head_dim)
 
 
 def input_sets(set_bytes: int, l2_bytes: int) -> int:
@@ -124,23 +133,29 @@ def implementation(name: str, causal: bool):
 
 
 def backend(name: str):
-    """The context that selects an SDPA backend (none for flashgen)."""
+    """The context that selects an SDPA backend, or flashgen's forward tile (none for
+    flashgen itself: it picks by shape)."""
     import contextlib
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if name in FORCED_TILES:
+        from flashgen import forward
+
+        return forward.forced_tile(FORCED_TILES[name])
     if name.startswith("flashgen"):
         return contextlib.nullcontext()
     return sdpa_kernel(getattr(SDPBackend, name))
 
 
 def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
-                  modes=DEFAULT_MODES) -> list[dict]:
+                  modes=DEFAULT_MODES, batch: int | None = None,
+                  heads: int | None = None) -> list[dict]:
     """One cell per mode for this shape, every implementation timed on the same inputs."""
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    batch, heads = grid_shape(seqlen, head_dim)
+    batch, heads = grid_shape(seqlen, head_dim, batch, heads)
     set_bytes = 3 * batch * seqlen * heads * head_dim * 2
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     inputs = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch_dtype)
@@ -151,9 +166,24 @@ def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
               "results": {}} for mode in modes]
     for name in impls:
         for cell in cells:
-            cell["results"][name] = measure(name, cell["mode"], causal, inputs, cell["flops"])
+            result = measure(name, cell["mode"], causal, inputs, cell["flops"])
+            if name.startswith("flashgen") and cell["mode"] != "bwd" and "tflops" in result:
+                result["tile"] = forward_tile(name, inputs[0][0], causal)
+            cell["results"][name] = result
             torch.cuda.empty_cache()
     return cells
+
+
+def forward_tile(name: str, q, causal: bool) -> str:
+    """The tile of the forward kernel that the flashgen implementation `name` runs on q."""
+    from flashgen import forward
+    from flashgen.validate import SUPPORTED_DTYPES
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    with backend(name):
+        spec = forward.kernel_for(q.device, SUPPORTED_DTYPES[q.dtype], head_dim, causal,
+                                  batch * heads, seqlen_q)
+    return spec.tile.suffix
 
 
 def measure(name: str, mode: str, causal: bool, inputs: list, flops: float) -> dict:
@@ -181,19 +211,24 @@ def ratio(cell: dict, name: str = "flashgen", peer: str = PEER) -> float | None:
 
 
 def tflops_text(result: dict | None) -> str:
-    """TFLOP/s with one decimal; n/a when it did not run (out of memory, no kernel for the
-    shape) or was not measured; unsupported when the implementation lacks the mode."""
+    """TFLOP/s with one decimal, and the forward tile that ran if known; n/a when it did not run
+    (out of memory, no kernel for the shape) or was not measured; unsupported when the
+    implementation lacks the mode."""
     if result and "tflops" in result:
-        return f"{result['tflops']:.1f}"
+        return f"{result['tflops']:.1f}" + (f" ({result['tile']})" if "tile" in result else "")
     return "unsupported" if result and "unsupported" in result else "n/a"
 
 
 def format_cell(cell: dict) -> str:
     parts = [f"{cell['mode']:7s} {cell['dtype']} hd{cell['head_dim']:<3d} "
-             f"{'causal' if cell['causal'] else 'full  '} seqlen {cell['seqlen']:6d}"]
+             f"{'causal' if cell['causal'] else 'full  '} seqlen {cell['seqlen']:6d} "
+             f"({cell['batch']} x {cell['heads']})"]
     parts += [f"{name} {tflops_text(result):>6s}" for name, result in cell["results"].items()]
     r = ratio(cell)
     parts.append(f"flashgen/{PEER} {r:.2f}x" if r else f"flashgen/{PEER} n/a")
+    gain = ratio(cell, peer=MAIN_TILE)
+    if gain:
+        parts.append(f"flashgen/{MAIN_TILE} {gain:.2f}x")
     return "  ".join(parts)
 
 
@@ -234,15 +269,16 @@ def _git_commit() -> str | None:
 
 
 def run(dtypes, head_dims, seqlens, causal, impls=IMPLEMENTATIONS, modes=DEFAULT_MODES,
-        log=print) -> dict:
+        batch: int | None = None, heads: int | None = None, log=print) -> dict:
     """Measures every cell of the grid in every mode; returns the result document (see
-    check_schema)."""
+    check_schema). batch and heads replace grid_shape's convention where given."""
     cells = []
     for dtype in dtypes:
         for head_dim in head_dims:
             for is_causal in causal:
                 for seqlen in seqlens:
-                    for cell in measure_cells(dtype, head_dim, is_causal, seqlen, impls, modes):
+                    for cell in measure_cells(dtype, head_dim, is_causal, seqlen, impls, modes,
+                                              batch, heads):
                         cells.append(cell)
                         log(format_cell(cell))
     return {"schema": SCHEMA_VERSION, "environment": environment(), "cells": cells}
@@ -291,9 +327,10 @@ def markdown(result: dict) -> str:
     lines = [f"# flashgen bench: {env['gpu']}", "",
              f"{env['date']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"driver {env.get('driver')}, flashgen {env['flashgen']} ({env.get('flashgen_commit')})",
-             "", "TFLOP/s; the last column is flashgen / FLASH_ATTENTION (FlashAttention-2). n/a: "
-             "did not run (out of memory, or no kernel for the shape); unsupported: the "
-             "implementation lacks that mode.", ""]
+             "", "TFLOP/s, with flashgen's forward tile in parentheses where known; ratio is "
+             "flashgen / FLASH_ATTENTION (FlashAttention-2), vs main tile (when timed) flashgen / "
+             "flashgen_main_tile. n/a: did not run (out of memory, or no kernel for the shape); "
+             "unsupported: the implementation lacks that mode.", ""]
     impls = [n for n in KNOWN_IMPLEMENTATIONS if any(n in c["results"] for c in result["cells"])]
     for mode in modes_of(result):
         lines += [f"## {mode}: {MODE_NAMES[mode]} (FLOPs = {FLOP_FACTOR[mode]:g} x forward)", ""]
@@ -308,13 +345,18 @@ def markdown(result: dict) -> str:
 def _markdown_table(cells: list[dict], impls: list[str]) -> list[str]:
     """A heading and a table over seqlen for cells of one (mode, dtype, head dim, causality)."""
     first = cells[0]
+    # flashgen / each peer, under its column name
+    peers = {PEER: "ratio"} | ({MAIN_TILE: "vs main tile"} if MAIN_TILE in impls else {})
     lines = [f"### {first['mode']} {first['dtype']} head dim {first['head_dim']} "
              f"{'causal' if first['causal'] else 'non-causal'}", "",
-             "| seqlen | " + " | ".join(impls) + " | ratio |", "|---" * (len(impls) + 2) + "|"]
+             "| seqlen | batch x heads | " + " | ".join([*impls, *peers.values()]) + " |",
+             "|---" * (len(impls) + len(peers) + 2) + "|"]
     for cell in cells:
-        r = ratio(cell)
-        values = [tflops_text(cell["results"].get(n)) for n in impls] + [f"{r:.2f}" if r else "n/a"]
-        lines.append(f"| {cell['seqlen']} | " + " | ".join(values) + " |")
+        ratios = [ratio(cell, peer=peer) for peer in peers]
+        values = ([tflops_text(cell["results"].get(n)) for n in impls]
+                  + [f"{r:.2f}" if r else "n/a" for r in ratios])
+        lines.append(f"| {cell['seqlen']} | {cell['batch']} x {cell['heads']} | "
+                     + " | ".join(values) + " |")
     return lines + [""]
 
 

@@ -45,9 +45,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--head-dim", type=int, action="append")
     bench.add_argument("--seqlen", type=int, action="append")
     bench.add_argument("--causal", choices=("true", "false"))
+    bench.add_argument("--batch", type=int, help="batch size of every cell (default: 16k tokens "
+                       "/ seqlen); 1 shows where the forward's shape-aware tile choice pays")
+    bench.add_argument("--heads", type=int, help="heads of every cell (default: 2048 / head dim)")
     bench.add_argument("--impl", action="append", help="implementations to time (default: all "
                        "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
-                       "flashgen_deterministic on request)")
+                       "on request flashgen_deterministic, and flashgen_main_tile or "
+                       "flashgen_variant_tile: the forward on one tile whatever the shape)")
     bench.add_argument("--mode", action="append", choices=MODES,
                        help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
                        "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd)")
@@ -158,7 +162,8 @@ def _bench(args) -> int:
         dtypes=args.dtype or grid["dtypes"], head_dims=args.head_dim or grid["head_dims"],
         seqlens=args.seqlen or grid["seqlens"],
         causal=grid["causal"] if args.causal is None else (args.causal == "true",),
-        impls=impls or bench.IMPLEMENTATIONS, modes=modes or bench.DEFAULT_MODES)
+        impls=impls or bench.IMPLEMENTATIONS, modes=modes or bench.DEFAULT_MODES,
+        batch=args.batch, heads=args.heads)
     if args.out:
         for path in bench.write(result, args.out):
             print(f"flashgen bench: wrote {path}")
@@ -175,6 +180,11 @@ def _bench_argument_problem(args) -> str | None:
     if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
         return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
                 f"includes what its forward saved)")
+    for option, value in (("--batch", args.batch), ("--heads", args.heads)):
+        if value is not None and value < 1:
+            return f"{option} {value}: must be at least 1"
+        if value is not None and (args.memory or args.overhead):
+            return f"{option} sets the speed grid's shape; --memory and --overhead use their own"
     return None
 
 

@@ -77,16 +77,16 @@ def test_markdown_has_a_section_per_mode_in_mode_order():
     bwd = md.index("## bwd: backward (FLOPs = 2.5 x forward)")
     assert fwd < md.index("### fwd bf16 head dim 128 causal") < bwd
     assert bwd < md.index("### bwd bf16 head dim 128 causal")
-    assert md.count("| seqlen | flashgen | FLASH_ATTENTION | MATH | ratio |") == 2
-    assert fwd < md.index("| 4096 | 270.0 | 300.0 | n/a | 0.90 |") < bwd
-    assert bwd < md.index("| 4096 | unsupported | 210.0 | n/a | n/a |")
-    assert bwd < md.index("| 8192 | 231.0 | 210.0 | n/a | 1.10 |")
+    assert md.count("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | ratio |") == 2
+    assert fwd < md.index("| 4096 | 4 x 16 | 270.0 | 300.0 | n/a | 0.90 |") < bwd
+    assert bwd < md.index("| 4096 | 4 x 16 | unsupported | 210.0 | n/a | n/a |")
+    assert bwd < md.index("| 8192 | 2 x 16 | 231.0 | 210.0 | n/a | 1.10 |")
     assert "fwd_bwd" not in md
 
 
 def test_screen_line_names_mode_and_ratio():
     bwd_4k, bwd_8k, fwd = fake_result()["cells"]
-    assert bench.format_cell(fwd).startswith("fwd     bf16 hd128 causal seqlen   4096")
+    assert bench.format_cell(fwd).startswith("fwd     bf16 hd128 causal seqlen   4096 (4 x 16)")
     assert "flashgen/FLASH_ATTENTION 0.90x" in bench.format_cell(fwd)
     assert "flashgen unsupported" in bench.format_cell(bwd_4k)
     assert "MATH    n/a" in bench.format_cell(bwd_4k)
@@ -322,3 +322,86 @@ def test_deterministic_flashgen_is_an_implementation_on_request(monkeypatch):
     bench.implementation("flashgen", causal=False)(None, None, None)
     assert seen == {"causal": False, "deterministic": False}
     assert type(bench.backend("flashgen_deterministic")).__name__ == "nullcontext"
+
+
+def test_batch_and_heads_replace_the_grid_convention():
+    assert bench.grid_shape(4096, 128, batch=1) == (1, 16)
+    assert bench.grid_shape(4096, 128, heads=8) == (4, 8)
+    assert bench.grid_shape(4096, 128, batch=2, heads=4) == (2, 4)
+
+
+def test_batch_and_heads_options_reach_the_grid(fake_gpu):
+    assert main(["bench", "--batch", "1", "--heads", "8", "--impl", "flashgen",
+                 "--impl", "flashgen_main_tile"]) == 0
+    assert (fake_gpu["run"]["batch"], fake_gpu["run"]["heads"]) == (1, 8)
+    assert fake_gpu["run"]["impls"] == ("flashgen", "flashgen_main_tile")
+
+
+def test_without_batch_and_heads_the_grid_keeps_its_convention(fake_gpu):
+    assert main(["bench"]) == 0
+    assert (fake_gpu["run"]["batch"], fake_gpu["run"]["heads"]) == (None, None)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch", "0"], "--batch 0: must be at least 1"),
+    (["--heads", "-2"], "--heads -2: must be at least 1"),
+    (["--batch", "1", "--memory"], "--batch sets the speed grid's shape"),
+    (["--heads", "4", "--overhead"], "--heads sets the speed grid's shape"),
+])
+def test_bad_batch_or_heads_is_rejected_before_looking_for_a_gpu(fake_gpu, capsys, argv, message):
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert "run" not in fake_gpu and "memory" not in fake_gpu
+
+
+def test_forced_tile_implementations_are_flashgen_on_one_tile():
+    """Timed only when named: flash_attn_func inside forward.forced_tile (0: the main tile)."""
+    from flashgen import forward
+
+    assert not set(bench.FORCED_TILES) & set(bench.IMPLEMENTATIONS)
+    assert set(bench.FORCED_TILES) <= set(bench.KNOWN_IMPLEMENTATIONS)
+    with bench.backend("flashgen_main_tile"):
+        assert forward._forced_tile == 0
+    with bench.backend("flashgen_variant_tile"):
+        assert forward._forced_tile == 1
+    with bench.backend("flashgen"):
+        assert forward._forced_tile is None
+
+
+def test_forward_tile_names_the_tile_the_implementation_runs(monkeypatch):
+    from codegen.config import Tile
+    from flashgen import forward
+
+    seen = {}
+
+    def kernel_for(device, dtype, head_dim, causal, batch_heads, seqlen_q):
+        seen.update(dtype=dtype, head_dim=head_dim, causal=causal, batch_heads=batch_heads,
+                    seqlen_q=seqlen_q, forced=forward._forced_tile)
+        return type("Spec", (), {"tile": Tile(64, 64, 4, 2)})
+
+    monkeypatch.setattr(forward, "kernel_for", kernel_for)
+    q = torch.empty(2, 512, 8, 128, dtype=torch.bfloat16)
+    assert bench.forward_tile("flashgen_main_tile", q, causal=True) == "m64n64w4s2"
+    assert seen == {"dtype": "bf16", "head_dim": 128, "causal": True, "batch_heads": 16,
+                    "seqlen_q": 512, "forced": 0}
+
+
+def with_tiles(result):
+    """fake_result's forward cell with flashgen's tile and a main-tile-only run beside it."""
+    fwd = result["cells"][2]["results"]
+    fwd["flashgen"]["tile"] = "m64n64w4s2"
+    fwd["flashgen_main_tile"] = {"ms": 1.5, "tflops": 180.0, "tile": "m128n64w4s2"}
+    return result
+
+
+def test_results_name_the_forward_tile_and_what_the_choice_gains():
+    result = with_tiles(fake_result())
+    bench.check_schema(result)
+    md = bench.markdown(result)
+    assert ("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | flashgen_main_tile "
+            "| ratio | vs main tile |") in md
+    assert "| 4096 | 4 x 16 | 270.0 (m64n64w4s2) | 300.0 | n/a | 180.0 (m128n64w4s2) | 0.90 | 1.50 |" \
+        in md
+    line = bench.format_cell(result["cells"][2])
+    assert "flashgen 270.0 (m64n64w4s2)" in line
+    assert line.endswith("flashgen/FLASH_ATTENTION 0.90x  flashgen/flashgen_main_tile 1.50x")
