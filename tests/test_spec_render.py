@@ -32,7 +32,7 @@ def test_filters(specs):
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              causal=[False], directions=["fwd"])
-    assert sorted(s.name for s in chosen) == ["fwd_sm90_fp16_hd64_full_m128n64w4s3",
+    assert sorted(s.name for s in chosen) == ["fwd_sm90_fp16_hd64_full_m128n64w4s2",
                                               "fwd_sm90_fp16_hd64_full_m64n64w4s2"]
 
 
