@@ -19,9 +19,12 @@ blocks as independent slots would predict; an SM's second block hides latency, i
 the SM. Under causal masking the longest query blocks run first and the short ones fill the tail,
 so the model overstates causal calls' tail and the margin below matters more there.
 
-The main tile is the tuned one: on a full GPU the block_m = 64 tiles ran at 0.79-0.81x of it (tile
-sweep, hd64 and hd256, notes/perf.md), so a variant has to promise more than 1.25x just to break
-even. It runs only when the model gives it MARGIN times less time.
+The main tile is the tuned one: on a full GPU the block_m = 64 variants ran at 0.81-0.93x of it
+(`flashgen tune` on the H100, bf16, seqlen 4096, hd64 and hd256:
+notes/runs/2026-11-21-h100-tune/tune_fwd.json), so a variant has to promise up to 1.23x just to
+break even. It runs only when the model gives it MARGIN times less time; with block_m halved the
+model's ratios are 2 (the main tile fills at most half the SMs), 4/3, 6/5, ..., so 1.5 admits only
+the first.
 """
 
 from __future__ import annotations
