@@ -73,4 +73,5 @@ def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, cau
 def forward_candidates(config: Config, spec: KernelSpec) -> tuple[KernelSpec, ...]:
     """The forward kernels that can run the calls of a main-tile forward spec: that spec first,
     then one per variant tile of its head dim (flashgen/tile_choice.py picks per call)."""
-    return tuple(replace(spec, tile=tile) for tile in config.forward_tiles(spec.arch, spec.head_dim))
+    tiles = config.forward_tiles(spec.arch, spec.head_dim)
+    return tuple(replace(spec, tile=tile) for tile in tiles)

@@ -77,7 +77,8 @@ def test_markdown_has_a_section_per_mode_in_mode_order():
     bwd = md.index("## bwd: backward (FLOPs = 2.5 x forward)")
     assert fwd < md.index("### fwd bf16 head dim 128 causal") < bwd
     assert bwd < md.index("### bwd bf16 head dim 128 causal")
-    assert md.count("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | ratio |") == 2
+    assert md.count("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | ratio |") \
+        == 2
     assert fwd < md.index("| 4096 | 4 x 16 | 270.0 | 300.0 | n/a | 0.90 |") < bwd
     assert bwd < md.index("| 4096 | 4 x 16 | unsupported | 210.0 | n/a | n/a |")
     assert bwd < md.index("| 8192 | 2 x 16 | 231.0 | 210.0 | n/a | 1.10 |")
@@ -348,7 +349,8 @@ def test_without_batch_and_heads_the_grid_keeps_its_convention(fake_gpu):
     (["--batch", "1", "--memory"], "--batch sets the speed grid's shape"),
     (["--heads", "4", "--overhead"], "--heads sets the speed grid's shape"),
 ])
-def test_bad_batch_or_heads_is_rejected_before_looking_for_a_gpu(fake_gpu, capsys, argv, message):
+def test_bad_batch_or_heads_is_rejected_before_looking_for_a_gpu(fake_gpu, capsys, argv,
+                                                                  message):
     assert main(["bench", *argv]) == 2
     assert message in capsys.readouterr().err
     assert "run" not in fake_gpu and "memory" not in fake_gpu
@@ -400,8 +402,8 @@ def test_results_name_the_forward_tile_and_what_the_choice_gains():
     md = bench.markdown(result)
     assert ("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | flashgen_main_tile "
             "| ratio | vs main tile |") in md
-    assert "| 4096 | 4 x 16 | 270.0 (m64n64w4s2) | 300.0 | n/a | 180.0 (m128n64w4s2) | 0.90 | 1.50 |" \
-        in md
+    assert ("| 4096 | 4 x 16 | 270.0 (m64n64w4s2) | 300.0 | n/a | 180.0 (m128n64w4s2) | 0.90 "
+            "| 1.50 |") in md
     line = bench.format_cell(result["cells"][2])
     assert "flashgen 270.0 (m64n64w4s2)" in line
     assert line.endswith("flashgen/FLASH_ATTENTION 0.90x  flashgen/flashgen_main_tile 1.50x")
