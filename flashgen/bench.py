@@ -258,12 +258,20 @@ def environment() -> dict:
 
 
 def _git_commit() -> str | None:
+    """HEAD, with "+dirty" when the working tree differs from it (as on a machine that received a
+    copy of the files but kept an older .git)."""
     from codegen.paths import REPO_ROOT
 
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10)
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() if out.returncode == 0 else None
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
 

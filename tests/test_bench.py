@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -407,3 +408,15 @@ def test_results_name_the_forward_tile_and_what_the_choice_gains():
     line = bench.format_cell(result["cells"][2])
     assert "flashgen 270.0 (m64n64w4s2)" in line
     assert line.endswith("flashgen/FLASH_ATTENTION 0.90x  flashgen/flashgen_main_tile 1.50x")
+
+
+@pytest.mark.parametrize("porcelain, expected",
+                         [("", "abc123"), (" M flashgen/bench.py\n", "abc123+dirty")])
+def test_commit_says_when_the_tree_differs_from_head(monkeypatch, porcelain, expected):
+    outputs = {"rev-parse": "abc123\n", "status": porcelain}
+
+    def fake_run(command, **kwargs):
+        return subprocess.CompletedProcess(command, 0, stdout=outputs[command[1]], stderr="")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    assert bench._git_commit() == expected
