@@ -13,8 +13,8 @@ MAX_ACCUMULATOR_REGISTERS = 192
 # The forward kernel runs the tiles that need a mask (the diagonal, the ragged end of the keys) in
 # a loop of their own, so that the loop over the rest carries no masking code, when the
 # accumulators leave ptxas room for that second copy of the loop body. H100, bf16, seqlen 4096
-# (notes/perf.md): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-13% faster;
-# hd128 (192) spilled 204 bytes instead of 64 and ran 4-7% slower.
+# (notes/perf.md): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-14% faster;
+# hd128 (192) spilled 204 bytes instead of 64 and ran 7-10% slower.
 SPLIT_MASKED_LOOP_MAX_ACCUMULATORS = 160
 
 
