@@ -23,6 +23,11 @@ class Choice:
     # and the padded output columns are dropped).
     pad_head_dim: bool
 
+    @property
+    def padded_head_dim(self) -> int | None:
+        """The head dim the call is zero-padded to; None when it runs at its own."""
+        return self.spec.head_dim if self.pad_head_dim else None
+
 
 def select(specs: tuple[KernelSpec, ...], arch: str, dtype: str, head_dim: int, causal: bool,
            config_path: Path | str = "the config", direction: str = "fwd") -> Choice:

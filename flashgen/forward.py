@@ -12,10 +12,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from codegen import paths
 from codegen.arch import arch_for_capability
 from codegen.spec import KernelSpec, forward_candidates
-from flashgen import dispatch, loader, registry, tile_choice, validate
+from flashgen import loader, registry, tile_choice, validate
 
 _LOG2_E = math.log2(math.e)
 # The current stream's handle as an int, as inductor's generated code gets it (CUDA builds of
@@ -158,8 +157,7 @@ def _candidates(device_index: int, dtype: str, head_dim: int, causal: bool):
     """The forward specs that can run these calls on this device (the main tile's first), the head
     dim to zero-pad to (None: no padding) and the device's SM count."""
     props = torch.cuda.get_device_properties(device_index)
-    arch = arch_for_capability(props.major, props.minor)
-    choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
-                             paths.config_path())
-    return (forward_candidates(registry.active_config(), choice.spec),
-            choice.spec.head_dim if choice.pad_head_dim else None, props.multi_processor_count)
+    choice = registry.main_choice(arch_for_capability(props.major, props.minor), dtype, head_dim,
+                                  causal, "fwd")
+    return (forward_candidates(registry.active_config(), choice.spec), choice.padded_head_dim,
+            props.multi_processor_count)

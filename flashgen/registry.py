@@ -8,6 +8,7 @@ from pathlib import Path
 from codegen import paths
 from codegen.config import Config, load_config
 from codegen.spec import KernelSpec, enumerate_specs
+from flashgen import dispatch
 
 
 @functools.cache
@@ -24,3 +25,10 @@ def main_specs() -> tuple[KernelSpec, ...]:
     """The main tiles' specs, one per (direction, arch, dtype, head dim, causal): what
     dispatch.select chooses among (spec.forward_candidates adds a forward spec's variants)."""
     return _load(paths.config_path())[1]
+
+
+def main_choice(arch: str, dtype: str, head_dim: int, causal: bool,
+                direction: str) -> dispatch.Choice:
+    """dispatch.select among the active config's main tiles (its errors name the config)."""
+    return dispatch.select(main_specs(), arch, dtype, head_dim, causal, paths.config_path(),
+                           direction)
