@@ -3,17 +3,17 @@ output and log-sum-exp (FlashAttention-2: nothing of size seqlen_q x seqlen_k is
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from codegen import paths, resources
+from codegen import resources
 from codegen.arch import arch_for_capability
-from flashgen import dispatch, loader, registry, validate
+from flashgen import forward, loader, registry, validate
 
 _LOG2_E = math.log2(math.e)
-_choices: dict[tuple, tuple[loader.Launcher, int]] = {}
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
@@ -23,17 +23,17 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
     causal_offset as in the forward (key j visible to query i iff j <= i + causal_offset).
-    deterministic=True gives bit-identical gradients across runs. heads_first=True lays the
-    gradients out in memory as (batch, heads, seq, dim) (SDPA's layout) and returns the
-    (batch, seq, heads, dim) views of them, like the forward's output.
+    deterministic=True gives bit-identical gradients across runs. The gradients are allocated as
+    the forward's output is (forward.empty_output): heads_first=True lays them out in memory as
+    (batch, heads, seq, dim), SDPA's layout, with (batch, seq, heads, dim) shapes.
     """
-    grads = tuple(_allocate(t.shape, t, heads_first) for t in (q, k, v))
+    grads = tuple(forward.empty_output(t, heads_first) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
-    launcher, kernel_head_dim = _choose(q.device, dtype, q.shape[-1], causal)
     head_dim = q.shape[-1]
-    if kernel_head_dim != head_dim:  # zero-padded: exact, the padded columns are dropped
-        pad = (0, kernel_head_dim - head_dim)
+    launcher, padded_head_dim = _choose(q.device.index, dtype, head_dim, causal)
+    if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
+        pad = (0, padded_head_dim - head_dim)
         inputs = [F.pad(t, pad) for t in (q, k, v, out, dout)]
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
     else:
@@ -45,14 +45,6 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
     return grads
-
-
-def _allocate(shape, like: torch.Tensor, heads_first: bool) -> torch.Tensor:
-    batch, seq, heads, dim = shape
-    if heads_first:
-        return torch.empty((batch, heads, seq, dim), dtype=like.dtype,
-                           device=like.device).transpose(1, 2)
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 
 def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
@@ -76,14 +68,12 @@ def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
         loader.binding().bwd(*args)
 
 
-def _choose(device: torch.device, dtype: str, head_dim: int, causal: bool):
-    """The backward launcher for this call and the head dim it runs at."""
-    key = (device.index, dtype, head_dim, causal)
-    found = _choices.get(key)
-    if found is None:
-        arch = arch_for_capability(*torch.cuda.get_device_capability(device))
-        choice = dispatch.select(registry.main_specs(), arch, dtype, head_dim, causal,
-                                 paths.config_path(), direction="bwd")
-        found = (loader.launcher(choice.spec), choice.spec.head_dim)
-        _choices[key] = found
-    return found
+@functools.cache
+def _choose(device_index: int, dtype: str, head_dim: int,
+            causal: bool) -> tuple[loader.Launcher, int | None]:
+    """The backward launcher for these calls and the head dim to zero-pad to (None: no padding).
+    One kernel per head dim, whatever the shape (the forward picks a tile per shape). Cached: the
+    first call decides, later ones pay one lookup."""
+    arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
+    choice = registry.main_choice(arch, dtype, head_dim, causal, "bwd")
+    return loader.launcher(choice.spec), choice.padded_head_dim

@@ -1,5 +1,5 @@
-"""The forward's kernel per call, without a GPU: an H100's properties and launchers are faked, the
-default config's candidates and tile_choice are real."""
+"""The forward's kernel per call, and the backward's, without a GPU: an H100's properties and
+launchers are faked, the default config's candidates and tile_choice are real."""
 
 from __future__ import annotations
 
@@ -60,3 +60,30 @@ def test_forced_tiles_override_the_shape(forward):
 def test_forcing_a_variant_the_head_dim_lacks_is_not_implemented(forward):
     with forward.forced_tile(1), pytest.raises(NotImplementedError, match="head dim 96 has 1"):
         forward.kernel_for(DEVICE, "bf16", 96, False, 16, 512)
+
+
+@pytest.fixture
+def backward(forward):
+    """backward._choose on the same faked H100 and launchers."""
+    from flashgen import backward
+
+    backward._choose.cache_clear()
+    yield backward
+    backward._choose.cache_clear()
+
+
+def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
+    launcher, padded_head_dim = backward._choose(0, "bf16", 128, True)
+    assert launcher.spec.name == "bwd_sm90_bf16_hd128_causal_m64n128w8s2"
+    assert padded_head_dim is None
+
+
+def test_the_backward_pads_an_unconfigured_head_dim_to_the_next_configured(backward):
+    launcher, padded_head_dim = backward._choose(0, "fp16", 80, False)
+    assert launcher.spec.direction == "bwd" and launcher.spec.head_dim == padded_head_dim == 96
+
+
+def test_the_backward_names_its_tables_for_a_head_dim_too_large(backward):
+    with pytest.raises(backward.registry.dispatch.DispatchError,
+                       match="not supported by the backward on sm_90"):
+        backward._choose(0, "bf16", 320, False)
