@@ -61,7 +61,7 @@ def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
             v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(),
             dk.data_ptr(), dv.data_ptr(), softmax_d.data_ptr(),
             0 if dq_accum is None else dq_accum.data_ptr(),
-            tuple(t.stride()[:3] for t in (q, k, v, out, dout, dq, dk, dv)), batch, heads,
+            *(s for t in (q, k, v, out, dout, dq, dk, dv) for s in t.stride()[:3]), batch, heads,
             k.shape[2], seqlen_q, k.shape[1], scale, scale * _LOG2_E, causal_offset,
             torch.cuda.current_stream(device).cuda_stream)
     with torch.cuda.device(device):
