@@ -1,14 +1,18 @@
 """The pybind11 binding on a CPU: what forward.launch and backward.launch pass reaches the launcher
-in the right FwdParams / BwdParams fields. The launcher is a Python function behind a C function
-pointer that copies the params it gets; the binding is built with the host compiler (seconds)."""
+in the right FwdParams / BwdParams fields, every field from its own argument (no two sizes or
+strides are equal), and the ctypes mirrors of the structures match params.h. The launcher is a
+Python function behind a C function pointer that copies the params it gets; the binding is built
+with the host compiler (seconds)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import importlib.util
+import itertools
 import math
 import os
+import re
 import shutil
 
 import pytest
@@ -18,7 +22,7 @@ pytest.importorskip("pybind11")
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no host C++ compiler to build the binding", allow_module_level=True)
 
-from codegen import build  # noqa: E402
+from codegen import build, paths, resources  # noqa: E402
 from flashgen import backward, forward, loader  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
@@ -86,40 +90,96 @@ def binding(built_binding, monkeypatch):
     monkeypatch.setattr(forward, "_current_device", lambda: -1)  # a CPU tensor's get_device()
 
 
-def distinct_strides(batch, seq, heads, dim):
-    """A (batch, seq, heads, dim) view with every stride different, head dim contiguous."""
-    return torch.randn(batch, heads + 1, seq + 2, dim, dtype=torch.bfloat16)[:, :heads, :seq]\
-        .transpose(1, 2)
+def distinct_strides(*shapes):
+    """(batch, seq, heads, dim) bf16 views of these shapes, head dim contiguous, whose
+    (batch, row, head) strides all differ, within a tensor and across them (the views overlap
+    their rows: the launcher only records)."""
+    values = itertools.count(1000, 8)
+    views = []
+    for shape in shapes:
+        strides = (next(values), next(values), next(values), 1)
+        size = 1 + sum((n - 1) * stride for n, stride in zip(shape, strides))
+        views.append(torch.empty(size, dtype=torch.bfloat16).as_strided(shape, strides))
+    return views
 
 
-def assert_tensor_fields(params, prefix, t, pointer_name=None):
-    assert getattr(params, pointer_name or prefix) == t.data_ptr()
-    assert [getattr(params, f"{prefix}_{s}_stride") for s in STRIDE_NAMES] == list(t.stride()[:3])
+def fields(params) -> dict:
+    """Every field of a ctypes params structure, by name."""
+    return {name: getattr(params, name) for name, _ in params._fields_}
+
+
+def tensor_fields(**tensors) -> dict:
+    """The data pointer and (batch, row, head) stride fields of each (batch, seq, heads, dim)
+    tensor, named by its fields' prefix (do's pointer field is dout)."""
+    filled = {}
+    for prefix, t in tensors.items():
+        filled["dout" if prefix == "do" else prefix] = t.data_ptr()
+        filled.update({f"{prefix}_{s}_stride": n for s, n in zip(STRIDE_NAMES, t.stride())})
+    return filled
+
+
+def problem_fields(q, k, scale, causal_offset) -> dict:
+    """The size, scale and causal offset fields that both params structures end with."""
+    batch, seqlen_q, heads, _ = q.shape
+    _, seqlen_k, heads_kv, _ = k.shape
+    return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
+                seqlen_k=seqlen_k, softmax_scale=scale,
+                scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
+                causal_offset=causal_offset)
+
+
+def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
+    """(name, ctypes type) of each field of one struct declared in params.h, in order."""
+    kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
+    declared = []
+    for statement in re.sub(r"//[^\n]*", "", declaration).split(";")[:-1]:
+        kind, names = re.fullmatch(r"\s*((?:const )?\w+\*?) (.+)", statement, re.S).groups()
+        kind = ctypes.c_void_p if kind.endswith("*") else kinds[kind]
+        declared += [(name.strip(), kind) for name in names.split(",")]
+    return declared
+
+
+@pytest.mark.parametrize("params_type", [FwdParams, BwdParams], ids=lambda t: t.__name__)
+def test_the_ctypes_structures_mirror_params_h(params_type):
+    text = (paths.INCLUDE_DIR / "flashgen" / "params.h").read_text()
+    declaration = re.search(rf"struct {params_type.__name__} {{(.*?)\n}};", text, re.S).group(1)
+    assert params_type._fields_ == ctypes_fields(declaration)
+
+
+# Sizes and causal offset all different, so that no field passes with another's value.
+BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET = 3, 6, 2, 5, 9, 4
+Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
+LSE_SHAPE = (BATCH, HEADS, SEQLEN_Q)
 
 
 def test_forward_launch_fills_every_field(binding):
-    q, k, v = (distinct_strides(2, 5, 4, 64), distinct_strides(2, 7, 2, 64),
-               distinct_strides(2, 7, 2, 64))
-    o = torch.empty(2, 5, 4, 64, dtype=torch.bfloat16)
-    lse = torch.empty(2, 4, 5)
+    q, k, v, o = distinct_strides(Q_SHAPE, KV_SHAPE, KV_SHAPE, Q_SHAPE)
+    lse = torch.empty(LSE_SHAPE)
     launcher = RecordingLauncher(FwdParams)
-    forward.launch(launcher, q, k, v, o, lse, 0.125, 2)
+    forward.launch(launcher, q, k, v, o, lse, 0.125, CAUSAL_OFFSET)
     ((params, stream),) = launcher.launches
     assert stream == 77
-    for name, t in zip("qkvo", (q, k, v, o)):
-        assert_tensor_fields(params, name, t)
-    assert params.softmax_lse == lse.data_ptr()
-    assert (params.batch, params.heads, params.heads_kv, params.seqlen_q, params.seqlen_k) == (
-        2, 4, 2, 5, 7)
-    assert params.softmax_scale == 0.125 and params.causal_offset == 2
-    assert params.scale_log2 == pytest.approx(0.125 * math.log2(math.e))
+    assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
+                              **problem_fields(q, k, 0.125, CAUSAL_OFFSET)}
 
 
 def test_forward_launch_failure_raises_with_the_error_string(binding):
-    q = distinct_strides(1, 4, 1, 64)
+    (q,) = distinct_strides((1, 4, 1, 64))
     launcher = RecordingLauncher(FwdParams, error=2)
     with pytest.raises(RuntimeError, match=f"kernel launch failed: {os.strerror(2)}"):
         forward.launch(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0)
+
+
+def record_empty(monkeypatch) -> list:
+    """The tensors torch.empty makes from here on, in order (backward.launch's workspaces)."""
+    made, empty = [], torch.empty
+
+    def recording_empty(*args, **kwargs):
+        made.append(empty(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(backward.torch, "empty", recording_empty)
+    return made
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -129,21 +189,24 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
 
     monkeypatch.setattr(backward.torch.cuda, "current_stream", lambda device: Stream)
     monkeypatch.setattr(backward.torch.cuda, "device", lambda device: contextlib.nullcontext())
-    shapes = {"q": (2, 5, 4, 64), "k": (2, 7, 2, 64), "v": (2, 7, 2, 64), "o": (2, 5, 4, 64),
-              "do": (2, 5, 4, 64), "dq": (2, 5, 4, 64), "dk": (2, 7, 2, 64), "dv": (2, 7, 2, 64)}
-    tensors = {name: distinct_strides(*shape) for name, shape in shapes.items()}
-    lse = torch.empty(2, 4, 5)
+    shapes = {"q": Q_SHAPE, "k": KV_SHAPE, "v": KV_SHAPE, "o": Q_SHAPE, "do": Q_SHAPE,
+              "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
+    tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
+    lse = torch.empty(LSE_SHAPE)
     launcher = RecordingLauncher(BwdParams)
+    workspaces = record_empty(monkeypatch)
     backward.launch(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
-                    tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125, 2,
-                    deterministic)
+                    tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
+                    CAUSAL_OFFSET, deterministic)
     ((params, stream),) = launcher.launches
     assert stream == 78
-    for name, t in tensors.items():
-        assert_tensor_fields(params, name, t, pointer_name="dout" if name == "do" else None)
-    assert params.softmax_lse == lse.data_ptr() and params.softmax_d is not None
-    assert (params.dq_accum is None) == deterministic  # ctypes reads a null pointer as None
-    assert (params.batch, params.heads, params.heads_kv, params.seqlen_q, params.seqlen_k) == (
-        2, 4, 2, 5, 7)
-    assert params.softmax_scale == 0.125 and params.causal_offset == 2
-    assert params.scale_log2 == pytest.approx(0.125 * math.log2(math.e))
+    softmax_d, *dq_accum = workspaces
+    assert (softmax_d.shape, softmax_d.dtype) == (LSE_SHAPE, torch.float32)
+    assert [(t.shape, t.dtype) for t in dq_accum] == ([] if deterministic else [
+        ((*LSE_SHAPE, resources.padded_head_dim(64)), torch.float32)])
+    assert fields(params) == {
+        **tensor_fields(**tensors), "softmax_lse": lse.data_ptr(),
+        "softmax_d": softmax_d.data_ptr(),
+        # ctypes reads a null pointer as None
+        "dq_accum": None if deterministic else dq_accum[0].data_ptr(),
+        **problem_fields(tensors["q"], tensors["k"], 0.125, CAUSAL_OFFSET)}
