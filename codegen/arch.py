@@ -11,6 +11,7 @@ class Arch:
     family: str         # which kernel templates it runs: "sm80" (mma.sync + cp.async)
     smem_limit: int     # bytes of shared memory one block may opt in to
     max_registers: int  # per thread
+    bulk_reduce: bool = False  # cp.reduce.async.bulk: the copy engine adds shared to global
 
     @property
     def gencode(self) -> str:
@@ -30,7 +31,7 @@ ARCHS = {
         Arch("sm_80", "sm80", smem_limit=166912, max_registers=255),
         Arch("sm_86", "sm80", smem_limit=101376, max_registers=255),
         Arch("sm_89", "sm80", smem_limit=101376, max_registers=255),
-        Arch("sm_90", "sm80", smem_limit=232448, max_registers=255),
+        Arch("sm_90", "sm80", smem_limit=232448, max_registers=255, bulk_reduce=True),
     )
 }
 

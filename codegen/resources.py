@@ -95,6 +95,25 @@ def backward_smem_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int
     return ELEMENT_BYTES * (2 * q_stages * block_m * hdp + 2 * block_n * hdp + 2 * block_m * block_n)
 
 
+def dq_staging_bytes(head_dim: int, block_m: int) -> int:
+    """Shared memory that stages a step's dQ for bulk adds: groups of rows that make 512 bytes
+    (or one row, if longer), 8 floats apart (bwd_traits.cuh, kDqGroupStride)."""
+    hdp = padded_head_dim(head_dim)
+    group_rows = max(1, 128 // hdp)
+    return 4 * (block_m // group_rows) * (group_rows * hdp + 8)
+
+
+def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: int,
+                           arch) -> bool:
+    """Whether the backward adds dQ to its workspace by bulk reduce-adds from shared memory
+    rather than by per-thread atomics: where the arch has them and the staging fits. H200, bf16
+    (notes/perf.md): the atomics' load/store queue stalled every step's barrier; staged, the
+    hd128 backward ran 17% faster."""
+    smem = (backward_smem_bytes(head_dim, block_m, block_n, q_stages)
+            + dq_staging_bytes(head_dim, block_m))
+    return arch.bulk_reduce and smem <= arch.smem_limit
+
+
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int) -> int:
     """fp32 registers per thread at the peak: dK and dV (held throughout) plus S and dP, or plus
     a dQ tile, whichever is larger."""

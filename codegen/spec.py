@@ -35,6 +35,12 @@ class KernelSpec:
         """Forward only: the tiles that need a mask get a loop of their own (resources.py)."""
         return resources.splits_masked_loop(self.head_dim, self.block_m, self.block_n, self.warps)
 
+    @property
+    def dq_bulk_reduce(self) -> bool:
+        """Backward only: dQ reaches its workspace by bulk reduce-adds (resources.py)."""
+        return resources.stages_dq_for_bulk_add(self.head_dim, self.block_m, self.block_n,
+                                                self.stages, ARCHS[self.arch])
+
     # Flat attribute access for templates and tables.
     block_m = property(lambda self: self.tile.block_m)
     block_n = property(lambda self: self.tile.block_n)

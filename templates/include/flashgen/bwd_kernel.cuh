@@ -12,6 +12,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashgen/bulk_reduce.cuh"
 #include "flashgen/bwd_step.cuh"
 #include "flashgen/bwd_traits.cuh"
 #include "flashgen/copy.cuh"
@@ -86,6 +87,21 @@ __device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& ac
   }
 }
 
+// acc (an mma accumulator of a (block_m, head_dim) tile) -> the fp32 staging groups of
+// bwd_traits.cuh, then fenced so that bulk adds issued after the next barrier see it.
+template <class Traits, class Acc, class Coords>
+__device__ __forceinline__ void stage_for_bulk_add(float* staging, Acc const& acc,
+                                                   Coords const& coords) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const int row = get<0>(coords(i));
+    float* address = staging + row / Traits::kDqGroupRows * Traits::kDqGroupStride +
+                     row % Traits::kDqGroupRows * Traits::kHeadDimPadded + get<1>(coords(i));
+    *reinterpret_cast<float2*>(address) = make_float2(acc(i), acc(i + 1));
+  }
+  fence_for_bulk_copies();
+}
+
 template <class Traits, bool kCausal>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
@@ -133,6 +149,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   Tensor sV = make_tensor(sK.data() + cosize(SmemK{}), SmemK{});
   Tensor sP = make_tensor(sV.data() + cosize(SmemK{}), SmemP{});     // (BLK_M, BLK_N)
   Tensor sdS = make_tensor(sP.data() + cosize(SmemP{}), SmemP{});
+  float* dq_staging = reinterpret_cast<float*>(raw_pointer_cast(sdS.data() + cosize(SmemP{})));
   Tensor sQt = make_tensor(sQ.data(), typename Traits::SmemLayoutQt{});    // (HDP, BLK_M, S)
   Tensor sdOt = make_tensor(sdO.data(), typename Traits::SmemLayoutQt{});
   Tensor sKt = make_tensor(sK.data(), typename Traits::SmemLayoutKt{});    // (HDP, BLK_N)
@@ -207,6 +224,23 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tid).partition_S(sKt);
   Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_HD)
 
+  // Staged dQ: the rows a step staged are added once the next barrier has passed, one bulk add
+  // per group of rows, each issued and waited for by its own thread (spread over the warps).
+  constexpr int kThreadsPerGroup = Traits::kThreads / Traits::kDqGroups;
+  const bool issues_bulk_add = tid % kThreadsPerGroup == 0;
+  const int dq_group = tid / kThreadsPerGroup;
+  const int group_row0 = dq_group * Traits::kDqGroupRows;
+  float* staged_dq = nullptr;  // the staged block's first row in the workspace
+  int staged_rows = 0;
+  auto add_staged_dq = [&] {
+    if (issues_bulk_add && group_row0 < staged_rows) {
+      const int rows = min(Traits::kDqGroupRows, staged_rows - group_row0);
+      bulk_add_f32(staged_dq + group_row0 * kHeadDimPadded,
+                   dq_staging + dq_group * Traits::kDqGroupStride,
+                   rows * kHeadDimPadded * int(sizeof(float)));
+    }
+  };
+
   CUTE_NO_UNROLL
   for (int step = 0; step < steps; ++step) {
     const int stage = kQStages == 1 ? 0 : step % kQStages;
@@ -217,6 +251,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     }
     cp_async_wait<0>();
     __syncthreads();
+    if constexpr (Traits::kDqBulkReduce) add_staged_dq();
     // Every warp is past the previous step, so its buffers can take the next step's tiles.
     if (kQStages == 2 && step + 1 < steps) {
       load_q_do(step + 1, (step + 1) % kQStages);
@@ -229,6 +264,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     compute_p_ds<Traits, kCausal>(p, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV, sP, sdS,
                                   m_block, n_block, p.softmax_lse + row_base,
                                   p.softmax_d + row_base);
+    if constexpr (Traits::kDqBulkReduce) {
+      if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
+    }
     __syncthreads();  // P and dS are in shared memory
 
     gemm_ss(mma_dkv, acc_dv, tdKVrA, tdKVrB, tdVsPt, tdVsdOt(_, _, _, stage), copy_dkv_a,
@@ -241,7 +279,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       clear(acc_dq);
       gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
       float* dq_accum = p.dq_accum + row_base * kHeadDimPadded;
-      if ((m_block + 1) * kBlockM <= p.seqlen_q) {
+      if constexpr (Traits::kDqBulkReduce) {
+        stage_for_bulk_add<Traits>(dq_staging, acc_dq, tdQcdQ);
+        staged_dq = dq_accum + int64_t(m_block) * kBlockM * kHeadDimPadded;
+        staged_rows = min(kBlockM, p.seqlen_q - m_block * kBlockM);
+      } else if ((m_block + 1) * kBlockM <= p.seqlen_q) {
         add_to_workspace<kHeadDim, kHeadDimPadded, true>(dq_accum, acc_dq, tdQcdQ,
                                                          m_block * kBlockM, p.seqlen_q);
       } else {
@@ -254,6 +296,10 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were.
   cp_async_wait<0>();
   __syncthreads();
+  if constexpr (Traits::kDqBulkReduce) {
+    add_staged_dq();
+    if (issues_bulk_add) wait_bulk_done();  // the staging rows outlive the adds' reads
+  }
   Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
                                                            p.dk_row_stride, p.dk_head_stride,
                                                            batch, head_kv, p.seqlen_k),

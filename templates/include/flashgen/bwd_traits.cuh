@@ -6,6 +6,8 @@
 //   dV += P^T dO, dK += dS^T Q   (block_n, head_dim)   MmadKV
 //   dQ  = dS K                   (block_m, head_dim)   MmadQ
 // P and dS go through shared memory, where the transposed reads come for free (ldmatrix.trans).
+// With kDqBulkReduce (Hopper), each step's dQ also leaves through shared memory, by bulk
+// reduce-adds into the fp32 workspace (bulk_reduce.cuh), instead of per-thread atomics.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -16,7 +18,8 @@ namespace flashgen {
 
 using namespace cute;
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_,
+          bool kDqBulkReduce_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -57,9 +60,23 @@ struct BwdTraits {
                                              Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutPt = TransposedView<SmemLayoutP, kBlockM, kBlockN>;
 
+  // dQ staging (kDqBulkReduce): a step's (block_m, head_dim) dQ in fp32, in groups of
+  // kDqGroupRows rows, each group one bulk add of contiguous, 128-byte-aligned bytes into the
+  // workspace: one row, or two or four short rows to make 512 bytes (H200: adds of 256 bytes, of
+  // rows not 128-byte aligned, or of 16 to 64 rows ran 5-25% slower; notes/perf.md). Groups lie
+  // 8 floats apart in shared memory, so that an accumulator's 8-byte stores to single-row groups
+  // (4 rows x 8 columns per half-warp) hit distinct banks.
+  static constexpr bool kDqBulkReduce = kDqBulkReduce_;
+  static constexpr int kDqGroupRows = kHeadDimPadded >= 128 ? 1 : 128 / kHeadDimPadded;
+  static constexpr int kDqGroupStride = kDqGroupRows * kHeadDimPadded + 8;  // floats
+  static constexpr int kDqGroups = kBlockM / kDqGroupRows;
+  static_assert(kBlockM % kDqGroupRows == 0 && kDqGroups <= kThreads);
+  static constexpr int kDqStagingFloats = kDqBulkReduce ? kDqGroups * kDqGroupStride : 0;
+
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * cosize(SmemLayoutQ{}) + 2 * cosize(SmemLayoutK{}) +
-                              2 * cosize(SmemLayoutP{}));
+                              2 * cosize(SmemLayoutP{})) +
+      int(sizeof(float)) * kDqStagingFloats;
 
   using Gmem = GmemCopies<Element, kThreads, kBlockK>;
   static_assert(kBlockM % Gmem::kRowsPerCopy == 0 && kBlockN % Gmem::kRowsPerCopy == 0,
