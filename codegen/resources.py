@@ -95,23 +95,27 @@ def backward_smem_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int
     return ELEMENT_BYTES * (2 * q_stages * block_m * hdp + 2 * block_n * hdp + 2 * block_m * block_n)
 
 
+# Bulk adds of dQ rows pay from this many bytes per row (head dim 128 and up). H100, bf16
+# (notes/perf.md): against the atomics, they ran 1.17x at head dim 128 and 1.31x at 256; at head
+# dim 64, adds of 512-byte row pairs ran 0.94-1.04x, depending on which warps issued them.
+DQ_BULK_ADD_MIN_ROW_BYTES = 512
+
+
 def dq_staging_bytes(head_dim: int, block_m: int) -> int:
-    """Shared memory that stages a step's dQ for bulk adds: groups of rows that make 512 bytes
-    (or one row, if longer), 8 floats apart (bwd_traits.cuh, kDqGroupStride)."""
-    hdp = padded_head_dim(head_dim)
-    group_rows = max(1, 128 // hdp)
-    return 4 * (block_m // group_rows) * (group_rows * hdp + 8)
+    """Shared memory that stages a step's dQ for bulk adds: block_m fp32 rows, 8 floats apart
+    (bwd_traits.cuh, kDqRowStride)."""
+    return 4 * block_m * (padded_head_dim(head_dim) + 8)
 
 
 def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: int,
                            arch) -> bool:
     """Whether the backward adds dQ to its workspace by bulk reduce-adds from shared memory
-    rather than by per-thread atomics: where the arch has them and the staging fits. H200, bf16
-    (notes/perf.md): the atomics' load/store queue stalled every step's barrier; staged, the
-    hd128 backward ran 17% faster."""
+    rather than by per-thread atomics, whose load/store queue stalled every step's barrier:
+    where the arch has them, the rows are long enough, and the staging fits."""
     smem = (backward_smem_bytes(head_dim, block_m, block_n, q_stages)
             + dq_staging_bytes(head_dim, block_m))
-    return arch.bulk_reduce and smem <= arch.smem_limit
+    return (arch.bulk_reduce and 4 * padded_head_dim(head_dim) >= DQ_BULK_ADD_MIN_ROW_BYTES
+            and smem <= arch.smem_limit)
 
 
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int) -> int:

@@ -87,16 +87,14 @@ __device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& ac
   }
 }
 
-// acc (an mma accumulator of a (block_m, head_dim) tile) -> the fp32 staging groups of
-// bwd_traits.cuh, then fenced so that bulk adds issued after the next barrier see it.
-template <class Traits, class Acc, class Coords>
+// acc (an mma accumulator of a (block_m, head_dim) tile) -> the fp32 staging rows, then fenced
+// so that the bulk adds issued after the next barrier see them.
+template <int kRowStride, class Acc, class Coords>
 __device__ __forceinline__ void stage_for_bulk_add(float* staging, Acc const& acc,
                                                    Coords const& coords) {
   CUTE_UNROLL
   for (int i = 0; i < size(acc); i += 2) {
-    const int row = get<0>(coords(i));
-    float* address = staging + row / Traits::kDqGroupRows * Traits::kDqGroupStride +
-                     row % Traits::kDqGroupRows * Traits::kHeadDimPadded + get<1>(coords(i));
+    float* address = staging + get<0>(coords(i)) * kRowStride + get<1>(coords(i));
     *reinterpret_cast<float2*>(address) = make_float2(acc(i), acc(i + 1));
   }
   fence_for_bulk_copies();
@@ -224,20 +222,16 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   Tensor tdQsKt = copy_dq_b.get_thread_slice(tid).partition_S(sKt);
   Tensor tdQcdQ = thr_dq.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_HD)
 
-  // Staged dQ: the rows a step staged are added once the next barrier has passed, one bulk add
-  // per group of rows, each issued and waited for by its own thread (spread over the warps).
-  constexpr int kThreadsPerGroup = Traits::kThreads / Traits::kDqGroups;
-  const bool issues_bulk_add = tid % kThreadsPerGroup == 0;
-  const int dq_group = tid / kThreadsPerGroup;
-  const int group_row0 = dq_group * Traits::kDqGroupRows;
+  // Staged dQ: the rows a step staged are added once the next barrier has passed, thread r
+  // adding row r. The first warps issue (and wait for) them all: spread over every warp, the
+  // same adds ran 6-15% slower on an H100 (notes/perf.md).
+  const bool issues_bulk_add = tid < kBlockM;
   float* staged_dq = nullptr;  // the staged block's first row in the workspace
   int staged_rows = 0;
   auto add_staged_dq = [&] {
-    if (issues_bulk_add && group_row0 < staged_rows) {
-      const int rows = min(Traits::kDqGroupRows, staged_rows - group_row0);
-      bulk_add_f32(staged_dq + group_row0 * kHeadDimPadded,
-                   dq_staging + dq_group * Traits::kDqGroupStride,
-                   rows * kHeadDimPadded * int(sizeof(float)));
+    if (tid < staged_rows) {
+      bulk_add_f32(staged_dq + tid * kHeadDimPadded, dq_staging + tid * Traits::kDqRowStride,
+                   kHeadDimPadded * int(sizeof(float)));
     }
   };
 
@@ -280,7 +274,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
       float* dq_accum = p.dq_accum + row_base * kHeadDimPadded;
       if constexpr (Traits::kDqBulkReduce) {
-        stage_for_bulk_add<Traits>(dq_staging, acc_dq, tdQcdQ);
+        stage_for_bulk_add<Traits::kDqRowStride>(dq_staging, acc_dq, tdQcdQ);
         staged_dq = dq_accum + int64_t(m_block) * kBlockM * kHeadDimPadded;
         staged_rows = min(kBlockM, p.seqlen_q - m_block * kBlockM);
       } else if ((m_block + 1) * kBlockM <= p.seqlen_q) {

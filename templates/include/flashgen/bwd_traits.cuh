@@ -60,18 +60,13 @@ struct BwdTraits {
                                              Shape<Int<kBlockM>, Int<kBlockN>>{}));
   using SmemLayoutPt = TransposedView<SmemLayoutP, kBlockM, kBlockN>;
 
-  // dQ staging (kDqBulkReduce): a step's (block_m, head_dim) dQ in fp32, in groups of
-  // kDqGroupRows rows, each group one bulk add of contiguous, 128-byte-aligned bytes into the
-  // workspace: one row, or two or four short rows to make 512 bytes (H200: adds of 256 bytes, of
-  // rows not 128-byte aligned, or of 16 to 64 rows ran 5-25% slower; notes/perf.md). Groups lie
-  // 8 floats apart in shared memory, so that an accumulator's 8-byte stores to single-row groups
-  // (4 rows x 8 columns per half-warp) hit distinct banks.
+  // dQ staging (kDqBulkReduce): a step's (block_m, head_dim) dQ in fp32, each row one bulk add
+  // into the workspace. Rows lie 8 floats apart in shared memory, so that an accumulator's
+  // 8-byte stores (4 rows x 8 columns per half-warp) hit distinct banks.
   static constexpr bool kDqBulkReduce = kDqBulkReduce_;
-  static constexpr int kDqGroupRows = kHeadDimPadded >= 128 ? 1 : 128 / kHeadDimPadded;
-  static constexpr int kDqGroupStride = kDqGroupRows * kHeadDimPadded + 8;  // floats
-  static constexpr int kDqGroups = kBlockM / kDqGroupRows;
-  static_assert(kBlockM % kDqGroupRows == 0 && kDqGroups <= kThreads);
-  static constexpr int kDqStagingFloats = kDqBulkReduce ? kDqGroups * kDqGroupStride : 0;
+  static constexpr int kDqRowStride = kHeadDimPadded + 8;  // floats
+  static constexpr int kDqStagingFloats = kDqBulkReduce ? kBlockM * kDqRowStride : 0;
+  static_assert(!kDqBulkReduce || kBlockM <= kThreads, "one thread adds each staged row");
 
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * cosize(SmemLayoutQ{}) + 2 * cosize(SmemLayoutK{}) +
