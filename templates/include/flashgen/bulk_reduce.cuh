@@ -1,7 +1,7 @@
 // Hopper's bulk reduce-add (the TMA engine, no tensor map): a contiguous span of fp32 in shared
-// memory added to global memory by one instruction, asynchronously. The backward adds each step's dQ to the fp32
-// workspace this way: the copy engine does the adds while the warps compute the next step,
-// instead of every thread queueing atomics on the load/store unit.
+// memory added to global memory by one instruction, asynchronously. The backward adds each
+// step's dQ to the fp32 workspace this way: the copy engine does the adds while the warps
+// compute the next step, instead of every thread queueing atomics on the load/store unit.
 #pragma once
 
 #include <cuda_runtime.h>
