@@ -48,7 +48,7 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in out and "not built" in out
+    assert "fwd_sm90_bf16_hd128_causal_m128n32w4s3" in out and "not built" in out
     assert "fwd_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the variant
     assert "bwd_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "12 kernel(s)" in out

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
 DEVICE = torch.device("cuda", 0)
-MAIN, SMALL = Tile(128, 64, 4, 2), Tile(64, 64, 4, 2)  # sm_90 head dim 128
+MAIN, SMALL = Tile(128, 32, 4, 3), Tile(64, 64, 4, 2)  # sm_90 head dim 128
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ def forward(monkeypatch):
 
 def test_a_full_gpu_runs_the_main_tile(forward):
     spec = forward.kernel_for(DEVICE, "bf16", 128, True, batch_heads=16 * 16, seqlen_q=4096)
-    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n64w4s2"
+    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n32w4s3"
 
 
 def test_few_short_sequences_run_the_variant(forward):

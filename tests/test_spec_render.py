@@ -25,7 +25,7 @@ def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.causal]
     assert sorted(s.name for s in chosen) == ["bwd_sm90_bf16_hd128_causal_m64n128w8s2",
-                                              "fwd_sm90_bf16_hd128_causal_m128n64w4s2",
+                                              "fwd_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
 
 
@@ -41,7 +41,7 @@ def test_without_variants_one_spec_per_direction_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), variants=False)
     assert len(specs) == 2 * 2 * 6 * 2 * 2
     assert len({(s.direction, s.arch, s.dtype, s.head_dim, s.causal) for s in specs}) == len(specs)
-    assert "fwd_sm90_bf16_hd128_causal_m128n64w4s2" in {s.name for s in specs}
+    assert "fwd_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
 
 def test_forward_candidates_put_the_main_tile_first():
@@ -49,7 +49,7 @@ def test_forward_candidates_put_the_main_tile_first():
     main = next(s for s in enumerate_specs(config, variants=False) if s.direction == "fwd"
                 and (s.arch, s.dtype, s.head_dim, s.causal) == ("sm_90", "bf16", 128, True))
     assert [s.name for s in forward_candidates(config, main)] == [
-        "fwd_sm90_bf16_hd128_causal_m128n64w4s2", "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
+        "fwd_sm90_bf16_hd128_causal_m128n32w4s3", "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
 
 
 def test_a_head_dim_without_variants_has_one_candidate():
