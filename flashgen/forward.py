@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from codegen.arch import arch_for_capability
 from codegen.spec import KernelSpec, forward_candidates
-from flashgen import loader, registry, tile_choice, validate
+from flashgen import loader, registry, schedule, tile_choice, validate
 
 _LOG2_E = math.log2(math.e)
 # The current stream's handle as an int, as inductor's generated code gets it (CUDA builds of
@@ -39,8 +39,8 @@ def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
     device = q.device
-    launcher, padded_head_dim = _choose(device.index, dtype, head_dim, causal, batch * heads,
-                                        seqlen_q, _forced_tile)
+    launcher, padded_head_dim, ranks_per_round = _choose(device.index, dtype, head_dim, causal,
+                                                         batch * heads, seqlen_q, _forced_tile)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -59,7 +59,7 @@ def forward(q, k, v, dtype: str, scale: float, causal: bool, causal_offset: int,
             q, k, v = (t if validate.is_aligned(t) else _aligned_copy(t) for t in (q, k, v))
         o = out
 
-    launch(launcher, q, k, v, o, lse, scale, causal_offset if causal else 0)
+    launch(launcher, q, k, v, o, lse, scale, causal_offset if causal else 0, ranks_per_round)
     if o is not out:
         out.copy_(o[..., :head_dim])
     return out, lse
@@ -85,9 +85,10 @@ def empty_output(like: torch.Tensor, heads_first: bool):
     return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
-def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offset: int) -> None:
+def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offset: int,
+           ranks_per_round: int) -> None:
     """Runs one compiled kernel on validated (batch, seq, heads, dim) views, on the tensors'
-    device and its current stream."""
+    device and its current stream, its grid in the order ranks_per_round gives (schedule.py)."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     q_strides, k_strides, v_strides, o_strides = q.stride(), k.stride(), v.stride(), o.stride()
@@ -97,7 +98,7 @@ def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offs
             q_strides[0], q_strides[1], q_strides[2], k_strides[0], k_strides[1], k_strides[2],
             v_strides[0], v_strides[1], v_strides[2], o_strides[0], o_strides[1], o_strides[2],
             batch, heads, heads_kv, seqlen_q, seqlen_k, scale, scale * _LOG2_E, causal_offset,
-            _current_stream(device_index))
+            ranks_per_round, _current_stream(device_index))
     if device_index == _current_device():
         loader.binding().fwd(*args)
     else:  # kernels launch on the current device: switch to the tensors' one
@@ -117,8 +118,8 @@ def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
 def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, batch_heads: int,
                seqlen_q: int) -> KernelSpec:
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
-    launcher, _ = _choose(device.index, dtype, head_dim, causal, batch_heads, seqlen_q,
-                          _forced_tile)
+    launcher, _, _ = _choose(device.index, dtype, head_dim, causal, batch_heads, seqlen_q,
+                             _forced_tile)
     return launcher.spec
 
 
@@ -136,9 +137,10 @@ def forced_tile(index: int):
 
 @functools.lru_cache(maxsize=4096)
 def _choose(device_index: int, dtype: str, head_dim: int, causal: bool, batch_heads: int,
-            seqlen_q: int, forced: int | None) -> tuple[loader.Launcher, int | None]:
-    """The launcher for a call of this shape and the head dim to zero-pad to (None: no padding).
-    Cached: the first call of a shape decides, later ones pay one lookup."""
+            seqlen_q: int, forced: int | None) -> tuple[loader.Launcher, int | None, int]:
+    """The launcher for a call of this shape, the head dim to zero-pad to (None: no padding) and
+    its grid's ranks per round (schedule.py). Cached: the first call of a shape decides, later
+    ones pay one lookup."""
     candidates, padded_head_dim, sm_count = _candidates(device_index, dtype, head_dim, causal)
     if forced is None:
         tile = tile_choice.choose_tile([s.tile for s in candidates], batch_heads, seqlen_q,
@@ -149,7 +151,8 @@ def _choose(device_index: int, dtype: str, head_dim: int, causal: bool, batch_he
     else:
         raise NotImplementedError(f"flashgen: head dim {head_dim} has {len(candidates)} forward "
                                   f"tile(s); tile {forced} was forced")
-    return loader.launcher(spec), padded_head_dim
+    return (loader.launcher(spec), padded_head_dim,
+            schedule.for_spec(spec, seqlen_q))
 
 
 @functools.cache

@@ -59,13 +59,14 @@ def verify(spec: KernelSpec, torch_dtype) -> str | None:
 def _verify_forward(spec: KernelSpec, q, k, v) -> None:
     import torch
 
-    from flashgen import forward, loader
+    from flashgen import forward, loader, schedule
     from flashgen.reference import assert_close_fa2, attention_ref
 
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda")
     offset = k.shape[1] - q.shape[1]
-    forward.launch(loader.launcher(spec), q, k, v, out, lse, spec.head_dim ** -0.5, offset)
+    forward.launch(loader.launcher(spec), q, k, v, out, lse, spec.head_dim ** -0.5, offset,
+                   schedule.for_spec(spec, q.shape[1]))
     assert_close_fa2(out, attention_ref(q, k, v, spec.causal)[0],
                      attention_ref(q, k, v, spec.causal, upcast=False)[0])
 
@@ -140,7 +141,7 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
     benchmark shape, on the same inputs."""
     import torch
 
-    from flashgen import backward, bench, flash_attn_func, forward, loader
+    from flashgen import backward, bench, flash_attn_func, forward, loader, schedule
 
     batch, heads = bench.grid_shape(seqlen, spec.head_dim)
     inputs = [[torch.randn(batch, seqlen, heads, spec.head_dim, device="cuda", dtype=torch_dtype)
@@ -151,9 +152,10 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
         out = torch.empty_like(inputs[0][0])
         lse = torch.empty(batch, heads, seqlen, device="cuda")
         sets = inputs
+        ranks_per_round = schedule.for_spec(spec, seqlen)
 
         def candidate(q, k, v):
-            forward.launch(launcher, q, k, v, out, lse, scale, 0)
+            forward.launch(launcher, q, k, v, out, lse, scale, 0, ranks_per_round)
     else:
         grads = [torch.empty_like(t) for t in inputs[0]]
         with torch.no_grad():

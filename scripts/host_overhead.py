@@ -191,7 +191,7 @@ def cpu_mock():
                (torch.cuda, "synchronize", lambda: None),
                (forward, "_current_stream", lambda index: 0),
                (forward, "_current_device", lambda: 0),
-               (forward, "_choose", lambda *args: (launcher, None))]
+               (forward, "_choose", lambda *args: (launcher, None, 1))]
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

@@ -63,7 +63,7 @@ auto qkvo_strides(Params& p) {
                   p.o_batch_stride, p.o_row_stride, p.o_head_stride);
 }
 
-// Sizes, scales and the causal offset: both Params' last fields.
+// Sizes, scales and the causal offset: fields both Params name alike, in this order.
 template <class Params>
 auto problem(Params& p) {
   return std::tie(p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.softmax_scale,
@@ -71,9 +71,10 @@ auto problem(Params& p) {
 }
 
 // FwdParams' fields in the order fwd takes them, params.h's: data pointers, then the strides of
-// each tensor in the same order, then the problem.
+// each tensor in the same order, then the problem and the grid's order.
 auto fwd_fields(flashgen::FwdParams& p) {
-  return std::tuple_cat(std::tie(p.q, p.k, p.v, p.o, p.softmax_lse), qkvo_strides(p), problem(p));
+  return std::tuple_cat(std::tie(p.q, p.k, p.v, p.o, p.softmax_lse), qkvo_strides(p), problem(p),
+                        std::tie(p.ranks_per_round));
 }
 
 // BwdParams' fields in the order bwd takes them, likewise. dq_accum 0 selects the deterministic

@@ -41,7 +41,8 @@ SCALE_FIELDS = [("softmax_scale", ctypes.c_float), ("scale_log2", ctypes.c_float
 class FwdParams(ctypes.Structure):
     """templates/include/flashgen/params.h's FwdParams, field by field."""
     _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "softmax_lse")]
-                + stride_fields("q", "k", "v", "o") + SIZE_FIELDS + SCALE_FIELDS)
+                + stride_fields("q", "k", "v", "o") + SIZE_FIELDS + SCALE_FIELDS
+                + [("ranks_per_round", ctypes.c_int)])
 
 
 class BwdParams(ctypes.Structure):
@@ -119,7 +120,7 @@ def tensor_fields(**tensors) -> dict:
 
 
 def problem_fields(q, k, scale, causal_offset) -> dict:
-    """The size, scale and causal offset fields that both params structures end with."""
+    """The size, scale and causal offset fields that both params structures have."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
@@ -146,8 +147,8 @@ def test_the_ctypes_structures_mirror_params_h(params_type):
     assert params_type._fields_ == ctypes_fields(declaration)
 
 
-# Sizes and causal offset all different, so that no field passes with another's value.
-BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET = 3, 6, 2, 5, 9, 4
+# Sizes, causal offset and grid order all different, so that no field passes with another's value.
+BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
 Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
 LSE_SHAPE = (BATCH, HEADS, SEQLEN_Q)
 
@@ -156,18 +157,19 @@ def test_forward_launch_fills_every_field(binding):
     q, k, v, o = distinct_strides(Q_SHAPE, KV_SHAPE, KV_SHAPE, Q_SHAPE)
     lse = torch.empty(LSE_SHAPE)
     launcher = RecordingLauncher(FwdParams)
-    forward.launch(launcher, q, k, v, o, lse, 0.125, CAUSAL_OFFSET)
+    forward.launch(launcher, q, k, v, o, lse, 0.125, CAUSAL_OFFSET, RANKS_PER_ROUND)
     ((params, stream),) = launcher.launches
     assert stream == 77
     assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
-                              **problem_fields(q, k, 0.125, CAUSAL_OFFSET)}
+                              **problem_fields(q, k, 0.125, CAUSAL_OFFSET),
+                              "ranks_per_round": RANKS_PER_ROUND}
 
 
 def test_forward_launch_failure_raises_with_the_error_string(binding):
     (q,) = distinct_strides((1, 4, 1, 64))
     launcher = RecordingLauncher(FwdParams, error=2)
     with pytest.raises(RuntimeError, match=f"kernel launch failed: {os.strerror(2)}"):
-        forward.launch(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0)
+        forward.launch(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0, 1)
 
 
 def record_empty(monkeypatch) -> list:

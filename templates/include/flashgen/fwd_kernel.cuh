@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashgen/accumulator.cuh"
+#include "flashgen/block_order.cuh"
 #include "flashgen/copy.cuh"
 #include "flashgen/fwd_traits.cuh"
 #include "flashgen/gemm.cuh"
@@ -32,14 +33,14 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   extern __shared__ char smem[];
   const int tid = threadIdx.x;
 
-  // A 1-D grid (no 65535 limit on batch * heads), query blocks fastest so that the blocks that
-  // share one head's K and V run together and hit L2. The last query block runs first: under
-  // causal masking it has the most work, and the short ones then fill the tail.
+  // A 1-D grid (no 65535 limit on batch * heads) in the order block_order.cuh describes. The
+  // last query block ranks first: under causal masking it has the most work.
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block = num_m_blocks - 1 - int(blockIdx.x % num_m_blocks);
-  const int batch_head = int(blockIdx.x / num_m_blocks);
-  const int batch = batch_head / p.heads;
-  const int head = batch_head % p.heads;
+  const BlockWork work = block_work(int(blockIdx.x), num_m_blocks, p.batch * p.heads,
+                                    p.ranks_per_round);
+  const int m_block = num_m_blocks - 1 - work.rank;
+  const int batch = work.batch_head / p.heads;
+  const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
 
   // Key blocks this query block needs: all of them, or under causal masking those up to the

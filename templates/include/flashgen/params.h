@@ -26,6 +26,7 @@ struct FwdParams {
   // Causal only: query row i sees key j iff j <= i + causal_offset. seqlen_k - seqlen_q aligns the
   // mask to the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA).
   int causal_offset;
+  int ranks_per_round;  // the grid's order (block_order.cuh, flashgen/schedule.py)
 };
 
 // The backward pass: gradients of q, k, v from dout and the forward's out and softmax_lse.

@@ -1,0 +1,39 @@
+"""The order in which the forward's grid visits its query blocks: a pure function, decoded by
+templates/include/flashgen/block_order.cuh.
+
+Each (batch, head) has `ranks` query blocks, rank 0 the longest (the last block: under causal
+masking it sees the most keys). The grid runs them in rounds of `ranks_per_round` ranks, longest
+first; within a round, one (batch, head) after another.
+
+Without causal masking every block does the same work, so the order only decides what shares L2:
+a single round keeps each (batch, head)'s blocks, which read the same K and V, running together.
+
+Under causal masking block work falls linearly with rank, and a (batch, head)-major order still
+starts long blocks in the last wave. Simulated list scheduling of the benchmark grid on 132 SMs
+put that tail at 6-15% of the ideal time; one rank per round (longest first across the grid)
+removes it, but then the blocks running together come from different (batch, head)s and share
+no K/V reads, which a model of DRAM traffic puts at up to 0.8 of the bandwidth at 300 TFLOP/s
+(3 TB/s, block_m 128); rounds of w ranks divide that by w and leave a tail of at most w short
+blocks. Measured on an H100 (bf16, head dims 64/128/256, seqlen 512-16k, causal; ratios to
+FlashAttention-2 in the same process, notes/perf.md "Session 6"): mean 1.055x with one round,
+1.106x with 1 or 2 ranks per round, 1.098x with 4, 1.086x with 8. Two keep half the L2 sharing
+for the same speed.
+
+The backward was measured the same way and keeps one round: there the blocks running together
+also add dQ into one fp32 workspace, whose running part stops fitting in L2 when they come from
+many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round).
+"""
+
+from __future__ import annotations
+
+CAUSAL_RANKS_PER_ROUND = 2
+
+
+def ranks_per_round(causal: bool, ranks: int) -> int:
+    """Ranks per round for a forward grid of `ranks` query blocks per (batch, head)."""
+    return max(1, min(ranks, CAUSAL_RANKS_PER_ROUND)) if causal else max(1, ranks)
+
+
+def for_spec(spec, seqlen_q: int) -> int:
+    """ranks_per_round for a forward KernelSpec's grid on seqlen_q query rows."""
+    return ranks_per_round(spec.causal, -(-seqlen_q // spec.block_m))

@@ -1,0 +1,95 @@
+"""The forward grid's order: schedule.py's choice, and block_order.cuh's decoding of it (compiled for the
+host with the C++ compiler, called through ctypes)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from codegen import paths
+from flashgen import schedule
+
+DECODER = """
+#include "flashgen/block_order.cuh"
+extern "C" void decode(int block, int ranks, int batch_heads, int ranks_per_round, int* out) {
+  const flashgen::BlockWork work = flashgen::block_work(block, ranks, batch_heads, ranks_per_round);
+  out[0] = work.rank;
+  out[1] = work.batch_head;
+}
+"""
+
+
+def test_without_causal_masking_each_batch_head_runs_its_blocks_together():
+    assert schedule.ranks_per_round(False, 128) == 128
+
+
+def test_under_causal_masking_rounds_hold_a_few_ranks_longest_first():
+    assert schedule.ranks_per_round(True, 128) == schedule.CAUSAL_RANKS_PER_ROUND
+    assert schedule.ranks_per_round(True, 1) == 1
+
+
+def test_a_grid_without_blocks_still_gets_a_valid_round():
+    assert schedule.ranks_per_round(False, 0) == schedule.ranks_per_round(True, 0) == 1
+
+
+def test_a_spec_has_a_rank_per_query_block():
+    spec = SimpleNamespace(block_m=128, causal=False)
+    assert schedule.for_spec(spec, 1000) == 8  # ceil(1000 / 128) query blocks, one round
+
+
+@pytest.fixture(scope="module")
+def block_work(tmp_path_factory):
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        pytest.skip("no host C++ compiler")
+    folder = tmp_path_factory.mktemp("block_order")
+    (folder / "decode.cpp").write_text(DECODER)
+    library = folder / "decode.so"
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
+                    "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
+                    str(folder / "decode.cpp"), "-o", str(library)], check=True)
+    decode = ctypes.CDLL(str(library)).decode
+
+    def work(block, ranks, batch_heads, ranks_per_round):
+        out = (ctypes.c_int * 2)()
+        decode(block, ranks, batch_heads, ranks_per_round, out)
+        return tuple(out)
+
+    return work
+
+
+def order(block_work, ranks, batch_heads, ranks_per_round):
+    return [block_work(b, ranks, batch_heads, ranks_per_round)
+            for b in range(ranks * batch_heads)]
+
+
+@pytest.mark.parametrize("ranks, batch_heads", [(1, 1), (1, 5), (7, 1), (16, 64), (9, 3)])
+@pytest.mark.parametrize("ranks_per_round", [1, 2, 3, 4, 100])
+def test_every_block_of_work_runs_once_and_rounds_go_longest_first(block_work, ranks,
+                                                                   batch_heads, ranks_per_round):
+    visited = order(block_work, ranks, batch_heads, ranks_per_round)
+    assert sorted(visited) == [(r, bh) for r in range(ranks) for bh in range(batch_heads)]
+    per_round = min(ranks_per_round, ranks)
+    rounds = [rank // per_round for rank, _ in visited]
+    assert rounds == sorted(rounds)
+
+
+def test_one_round_is_batch_head_major_with_the_longest_block_first(block_work):
+    assert order(block_work, 3, 2, 3) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+
+
+def test_one_rank_per_round_is_longest_first_across_the_grid(block_work):
+    assert order(block_work, 3, 2, 1) == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_rounds_of_two_ranks_end_with_a_short_round(block_work):
+    assert order(block_work, 3, 2, 2) == [(0, 0), (1, 0), (0, 1), (1, 1), (2, 0), (2, 1)]
+
+
+def test_an_out_of_range_round_means_one_round(block_work):
+    assert order(block_work, 3, 2, 0) == order(block_work, 3, 2, 3)
