@@ -128,6 +128,9 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   }
 
   OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+  // This warp's last query row in the block: on a tile by the causal diagonal whose first key
+  // comes after it, the whole warp sees no key (its P would be all zero) and skips the tile.
+  const int warp_last_row = __reduce_max_sync(0xffffffff, last_row(tScS));
   int smem_pipe_read = 0;
   int smem_pipe_write = kKvStages - 1;
 
@@ -149,24 +152,29 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     }
     cp_async_fence();
 
-    // S = Q K^T
-    Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
-    clear(acc_s);
-    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
-            smem_copy_k);
-    if (kMask && tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
-                                                            p.causal_offset)) {
-      apply_mask<kCausal>(acc_s, tScS, m_block * kBlockM, n_block * kBlockN, p.seqlen_k,
-                          p.causal_offset);
-    }
-    softmax.update(acc_s, acc_o, p.scale_log2);
+    const bool warp_sees_keys =
+        !(kMask && kCausal) ||
+        n_block * kBlockN <= m_block * kBlockM + warp_last_row + p.causal_offset;
+    if (warp_sees_keys) {
+      // S = Q K^T
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
+              smem_copy_k);
+      if (kMask && tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
+                                                              p.causal_offset)) {
+        apply_mask<kCausal>(acc_s, tScS, m_block * kBlockM, n_block * kBlockN, p.seqlen_k,
+                            p.causal_offset);
+      }
+      softmax.update(acc_s, acc_o, p.scale_log2);
 
-    // O += P V, with P converted to the input type and kept in registers.
-    Tensor p_regs = make_tensor_like<Element>(acc_s);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
-    Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
-    gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, smem_pipe_read), smem_copy_v);
+      // O += P V, with P converted to the input type and kept in registers.
+      Tensor p_regs = make_tensor_like<Element>(acc_s);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
+      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
+      gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, smem_pipe_read), smem_copy_v);
+    }
 
     smem_pipe_write = smem_pipe_read;
     smem_pipe_read = smem_pipe_read + 1 == kKvStages ? 0 : smem_pipe_read + 1;

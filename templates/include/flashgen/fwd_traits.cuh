@@ -32,8 +32,9 @@ struct FwdTraits {
   static_assert(kBlockM % (16 * kWarps) == 0, "block_m must be a multiple of 16 * warps");
   static_assert(kBlockN % 16 == 0, "block_n must be a multiple of 16");
 
-  // One warp per 16 query rows: P stays in registers as the A operand of O += P V.
-  using TiledMma = WarpGridMma<Element, kWarps, kWarps>;
+  // Each warp owns block_m / warps consecutive query rows: P stays in registers as the A
+  // operand of O += P V, and on the causal diagonal whole warps skip the tiles they cannot see.
+  using TiledMma = RowSlabMma<Element, kWarps, kBlockM>;
 
   using SmemLayoutAtom = SwizzledAtom<kBlockK>;
   using SmemLayoutQ = decltype(tile_to_shape(SmemLayoutAtom{},

@@ -19,6 +19,15 @@ __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block, int se
   return past_end || past_diagonal;
 }
 
+// The largest row (within the tile) of the thread's partition `coords` of an identity tensor.
+template <class Coords>
+__device__ __forceinline__ int last_row(Coords const& coords) {
+  int row = 0;
+  CUTE_UNROLL
+  for (int i = 0; i < size(coords); ++i) row = max(row, int(get<0>(coords(i))));
+  return row;
+}
+
 // scores and coords are partitions of the same (block_m, block_n) tile; coords holds each
 // element's (row, col) within the tile.
 template <bool kCausal, class Scores, class Coords>

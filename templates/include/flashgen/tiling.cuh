@@ -58,6 +58,17 @@ using WarpGridMma = TiledMMA<MMA_Atom<typename Sm80MmaAtom<Element>::type>,
                              Layout<Shape<Int<kWarpsM>, Int<kWarps / kWarpsM>, _1>>,
                              Tile<Int<16 * kWarpsM>, Int<16 * (kWarps / kWarpsM)>, _16>>;
 
+// mma.m16n8k16 over `kWarps` warps stacked along M, each owning kBlockM / kWarps consecutive
+// rows of a (kBlockM, 16 * n) accumulator (a permuted tile; WarpGridMma<.., kWarps, kWarps>
+// interleaves the warps' 16-row groups instead). Under causal masking whole warps then lie
+// before a diagonal tile's first key.
+template <class Element, int kWarps, int kBlockM>
+using RowSlabMma = TiledMMA<
+    MMA_Atom<typename Sm80MmaAtom<Element>::type>, Layout<Shape<Int<kWarps>, _1, _1>>,
+    Tile<Layout<Shape<_16, Int<kWarps>, Int<kBlockM / (16 * kWarps)>>,
+                Stride<_1, Int<kBlockM / kWarps>, _16>>,
+         _16, _16>>;
+
 // Shared -> registers with ldmatrix (plain, or transposed for an operand stored the other way
 // round), and registers -> shared for accumulators converted to the input type.
 template <class Element> using LdsmCopy = Copy_Atom<SM75_U32x4_LDSM_N, Element>;
