@@ -151,8 +151,7 @@ def _choose(device_index: int, dtype: str, head_dim: int, causal: bool, batch_he
     else:
         raise NotImplementedError(f"flashgen: head dim {head_dim} has {len(candidates)} forward "
                                   f"tile(s); tile {forced} was forced")
-    return (loader.launcher(spec), padded_head_dim,
-            schedule.for_spec(spec, seqlen_q))
+    return loader.launcher(spec), padded_head_dim, schedule.for_spec(spec, seqlen_q)
 
 
 @functools.cache

@@ -40,6 +40,13 @@ def test_few_short_sequences_run_the_variant(forward):
     assert spec.name == "fwd_sm90_bf16_hd128_causal_m64n64w4s2"
 
 
+def test_causal_calls_run_their_longest_query_blocks_first(forward):
+    _, _, ranks_per_round = forward._choose(0, "bf16", 128, True, 256, 4096, None)
+    assert ranks_per_round == forward.schedule.CAUSAL_RANKS_PER_ROUND
+    _, _, ranks_per_round = forward._choose(0, "bf16", 128, False, 256, 4096, None)
+    assert ranks_per_round == 4096 // MAIN.block_m  # one round
+
+
 def test_a_head_dim_without_variants_runs_its_main_tile(forward):
     assert forward.kernel_for(DEVICE, "fp16", 96, False, 1, 512).tile == Tile(128, 64, 4, 2)
 
