@@ -235,6 +235,20 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     }
   };
 
+  // With two Q/dO buffers, the next step's tiles load while this step computes, into the
+  // previous step's buffers: free once every warp has passed one of this step's barriers. Where
+  // dQ leaves by per-thread atomics, they load after the mid-step barrier: issued at the loop
+  // top, right behind the previous step's atomics, the loads waited for those, and the warps for
+  // the loads at the next loop top (13% of stall samples at hd64, ncu; moved, +4% at hd64:
+  // notes/perf.md). Bulk adds leave through the copy engine: there the loads stay at the top,
+  // with the whole step to land.
+  auto load_next_q_do = [&](int step) {
+    if (kQStages == 2 && step + 1 < steps) {
+      load_q_do(step + 1, (step + 1) % kQStages);
+      cp_async_fence();
+    }
+  };
+
   CUTE_NO_UNROLL
   for (int step = 0; step < steps; ++step) {
     const int stage = kQStages == 1 ? 0 : step % kQStages;
@@ -245,11 +259,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     }
     cp_async_wait<0>();
     __syncthreads();
-    if constexpr (Traits::kDqBulkReduce) add_staged_dq();
-    // Every warp is past the previous step, so its buffers can take the next step's tiles.
-    if (kQStages == 2 && step + 1 < steps) {
-      load_q_do(step + 1, (step + 1) % kQStages);
-      cp_async_fence();
+    if constexpr (Traits::kDqBulkReduce) {
+      add_staged_dq();
+      load_next_q_do(step);
     }
 
     const int head = head_of(step);
@@ -262,6 +274,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
     }
     __syncthreads();  // P and dS are in shared memory
+    if constexpr (!Traits::kDqBulkReduce) load_next_q_do(step);
 
     gemm_ss(mma_dkv, acc_dv, tdKVrA, tdKVrB, tdVsPt, tdVsdOt(_, _, _, stage), copy_dkv_a,
             copy_dkv_b);
