@@ -95,10 +95,11 @@ def backward_smem_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int
     return ELEMENT_BYTES * (2 * q_stages * block_m * hdp + 2 * block_n * hdp + 2 * block_m * block_n)
 
 
-# Bulk adds of dQ rows pay from this many bytes per row (head dim 128 and up). H100, bf16
-# (notes/perf.md): against the atomics, they ran 1.17x at head dim 128 and 1.31x at 256; at head
-# dim 64, adds of 512-byte row pairs ran 0.94-1.04x, depending on which warps issued them.
-DQ_BULK_ADD_MIN_ROW_BYTES = 512
+# Bulk adds of dQ rows pay from this many bytes per row (head dim 64 and up). H100, bf16
+# (notes/perf.md): against the atomics, they ran 1.17x at head dim 128 and 1.31x at 256 (session
+# 4), and 1.04-1.07x at head dim 64 on its 128 x 128 tile (session 7; on the 64 x 128 tile of
+# session 4 they had lost).
+DQ_BULK_ADD_MIN_ROW_BYTES = 256
 
 
 def dq_staging_bytes(head_dim: int, block_m: int) -> int:
@@ -116,6 +117,20 @@ def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: 
             + dq_staging_bytes(head_dim, block_m))
     return (arch.bulk_reduce and 4 * padded_head_dim(head_dim) >= DQ_BULK_ADD_MIN_ROW_BYTES
             and smem <= arch.smem_limit)
+
+
+# The backward step is compiled twice, masked and not, when a thread's share of the score tile
+# reaches this many elements: left to one copy behind a runtime `if`, ptxas predicates the mask
+# (two instructions per score element) into every step. H100, bf16 (notes/perf.md, session 7):
+# at head dim 64 (128 x 128 tile, 64 scores per thread) the split ran 1.03-1.05x; at head dim
+# 128 (64 x 128, 32 per thread) the second copy raised the spill from 8 to 24 bytes and the
+# causal cells ran 0.95-1.0x.
+SPLIT_MASKED_STEP_MIN_SCORES = 64
+
+
+def splits_masked_step(block_m: int, block_n: int, warps: int) -> bool:
+    """Whether the backward step has a copy without masking code for the tiles off the edges."""
+    return block_m * block_n // (32 * warps) >= SPLIT_MASKED_STEP_MIN_SCORES
 
 
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int) -> int:

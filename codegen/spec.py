@@ -41,6 +41,11 @@ class KernelSpec:
         return resources.stages_dq_for_bulk_add(self.head_dim, self.block_m, self.block_n,
                                                 self.stages, ARCHS[self.arch])
 
+    @property
+    def split_masked_step(self) -> bool:
+        """Backward only: the step has a copy without masking code (resources.py)."""
+        return resources.splits_masked_step(self.block_m, self.block_n, self.warps)
+
     # Flat attribute access for templates and tables.
     block_m = property(lambda self: self.tile.block_m)
     block_n = property(lambda self: self.tile.block_n)

@@ -93,12 +93,23 @@ def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pay
     backward = {(s.arch, s.head_dim): s for s in enumerate_specs(config, directions=["bwd"],
                                                                   dtypes=["bf16"], causal=[True])}
     staged = {key for key, spec in backward.items() if spec.dq_bulk_reduce}
-    # rows of 512 bytes and more, on the arch with bulk adds
-    assert staged == {("sm_90", 128), ("sm_90", 192), ("sm_90", 256)}
+    # rows of 256 bytes and more, on the arch with bulk adds
+    assert staged == {("sm_90", 64), ("sm_90", 96), ("sm_90", 128), ("sm_90", 192), ("sm_90", 256)}
     hopper = ARCHS["sm_90"]
     # hd256 fits its staging beside one Q/dO buffer, not beside two (227 KB)
     assert resources.stages_dq_for_bulk_add(256, 64, 64, 1, hopper)
     assert not resources.stages_dq_for_bulk_add(256, 64, 64, 2, hopper)
     assert resources.dq_staging_bytes(128, 64) == 4 * 64 * (128 + 8)
-    assert "cutlass::bfloat16_t, true>;" in render.render_spec(backward["sm_90", 128])
-    assert "cutlass::bfloat16_t, false>;" in render.render_spec(backward["sm_90", 64])
+    assert "cutlass::bfloat16_t, true, false>;" in render.render_spec(backward["sm_90", 128])
+    assert "cutlass::bfloat16_t, false, true>;" in render.render_spec(backward["sm_90", 32])
+
+
+def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_scores():
+    config = load_config(paths.DEFAULT_CONFIG)
+    split = {(s.arch, s.head_dim) for s in enumerate_specs(config, directions=["bwd"])
+             if s.split_masked_step}
+    # 128 x 128 tiles over 8 warps: 64 scores per thread; 64 x 128 and 64 x 64 hold 32 and 16
+    assert split == {("sm_80", 32), ("sm_90", 32), ("sm_90", 64)}
+    assert resources.splits_masked_step(128, 128, 8)
+    assert not resources.splits_masked_step(64, 128, 8)
+    assert not resources.splits_masked_step(128, 128, 16)

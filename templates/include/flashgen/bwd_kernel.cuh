@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // previous step's buffers: free once every warp has passed one of this step's barriers. Where
   // dQ leaves by per-thread atomics, they load after the mid-step barrier: issued at the loop
   // top, right behind the previous step's atomics, the loads waited for those, and the warps for
-  // the loads at the next loop top (13% of stall samples at hd64, ncu; moved, +4% at hd64:
-  // notes/perf.md). Bulk adds leave through the copy engine: there the loads stay at the top,
+  // the loads at the next loop top (13% of stall samples at hd64 when it added by atomics, ncu;
+  // moved, +4%: notes/perf.md). Bulk adds leave through the copy engine: there the loads stay at the top,
   // with the whole step to land.
   auto load_next_q_do = [&](int step) {
     if (kQStages == 2 && step + 1 < steps) {

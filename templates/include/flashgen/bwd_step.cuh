@@ -19,12 +19,15 @@ namespace flashgen {
 using namespace cute;
 
 // sQ, sdO: (block_m, head_dim); sK, sV: (block_n, head_dim); sP, sdS: (block_m, block_n).
-// lse and softmax_d point at this (batch, head)'s rows.
-template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP>
-__device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ const& sQ,
-                                             SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
-                                             SmemP& sP, SmemP& sdS, int m_block, int n_block,
-                                             const float* lse, const float* softmax_d) {
+// lse and softmax_d point at this (batch, head)'s rows. `masked` (a bool, or true_type /
+// false_type for a copy of the step fixed at compile time): the tile straddles the end of the
+// keys or the causal diagonal.
+template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP, class Masked>
+__device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, SmemQ const& sQ,
+                                                  SmemQ const& sdO, SmemK const& sK,
+                                                  SmemK const& sV, SmemP& sP, SmemP& sdS,
+                                                  int m_block, int n_block, const float* lse,
+                                                  const float* softmax_d, Masked masked) {
   using Element = typename Traits::Element;
   using TileS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
   typename Traits::TiledMmaSdP mma;
@@ -63,8 +66,7 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ 
   gemm_ss(mma, acc_dp, tdPrdO, tdPrV, thr_a.partition_S(sdO), thr_b.partition_S(sV), copy_a,
           copy_b);
 
-  if (tile_needs_mask<kCausal, Traits::kBlockM, Traits::kBlockN>(m_block, n_block, p.seqlen_k,
-                                                                 p.causal_offset)) {
+  if (masked) {
     apply_mask<kCausal>(acc_s, tScS, row0, n_block * Traits::kBlockN, p.seqlen_k,
                         p.causal_offset);
   }
@@ -92,6 +94,28 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ 
   }
   copy(store, thr_store.retile_S(p_regs), thr_store.partition_D(sP));
   copy(store, thr_store.retile_S(ds_regs), thr_store.partition_D(sdS));
+}
+
+// The step, in one copy per case where the traits ask for it (codegen/resources.py): behind a
+// plain `if`, ptxas predicates the mask into every step, two instructions per score element
+// (11% of the hd64 dK/dV kernel's instructions, ncu, notes/perf.md).
+template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP>
+__device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ const& sQ,
+                                             SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
+                                             SmemP& sP, SmemP& sdS, int m_block, int n_block,
+                                             const float* lse, const float* softmax_d) {
+  const bool masked = tile_needs_mask<kCausal, Traits::kBlockM, Traits::kBlockN>(
+      m_block, n_block, p.seqlen_k, p.causal_offset);
+  if constexpr (!Traits::kSplitMaskedStep) {
+    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+                                       softmax_d, masked);
+  } else if (masked) {
+    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+                                       softmax_d, true_type{});
+  } else {
+    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+                                       softmax_d, false_type{});
+  }
 }
 
 }  // namespace flashgen

@@ -19,7 +19,7 @@ namespace flashgen {
 using namespace cute;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_,
-          bool kDqBulkReduce_>
+          bool kDqBulkReduce_, bool kSplitMaskedStep_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -67,6 +67,9 @@ struct BwdTraits {
   static constexpr int kDqRowStride = kHeadDimPadded + 8;  // floats
   static constexpr int kDqStagingFloats = kDqBulkReduce ? kBlockM * kDqRowStride : 0;
   static_assert(!kDqBulkReduce || kBlockM <= kThreads, "one thread adds each staged row");
+
+  // The step in two copies, masked and not (codegen/resources.py, splits_masked_step).
+  static constexpr bool kSplitMaskedStep = kSplitMaskedStep_;
 
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * cosize(SmemLayoutQ{}) + 2 * cosize(SmemLayoutK{}) +
