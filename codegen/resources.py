@@ -122,7 +122,7 @@ def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: 
 # The backward step is compiled twice, masked and not, when a thread's share of the score tile
 # reaches this many elements: left to one copy behind a runtime `if`, ptxas predicates the mask
 # (two instructions per score element) into every step. H100, bf16 (notes/perf.md, session 7):
-# at head dim 64 (128 x 128 tile, 64 scores per thread) the split ran 1.03-1.05x; at head dim
+# at head dim 64 (128 x 128 tile, 64 scores per thread) the split ran 1.00-1.05x; at head dim
 # 128 (64 x 128, 32 per thread) the second copy raised the spill from 8 to 24 bytes and the
 # causal cells ran 0.94-1.01x.
 SPLIT_MASKED_STEP_MIN_SCORES = 64
