@@ -17,7 +17,8 @@ __device__ __forceinline__ void fence_for_bulk_copies() {
 }
 
 // global[0, bytes) += shared[0, bytes), fp32; both 16-byte aligned, bytes a multiple of 16.
-// Completes asynchronously: see wait_bulk_reads and wait_bulk_done.
+// Completes asynchronously: wait_bulk_reads frees the shared memory; the sums are in place for
+// the next kernel in the stream.
 __device__ __forceinline__ void bulk_add_f32(float* global, const float* shared, int bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const auto smem = static_cast<unsigned>(__cvta_generic_to_shared(shared));
@@ -34,13 +35,6 @@ __device__ __forceinline__ void bulk_add_f32(float* global, const float* shared,
 __device__ __forceinline__ void wait_bulk_reads() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-
-// This thread's bulk adds are done, their results in global memory.
-__device__ __forceinline__ void wait_bulk_done() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 #endif
 }
 

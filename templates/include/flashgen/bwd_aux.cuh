@@ -15,33 +15,50 @@ struct alignas(16) Chunk8 {
 };
 
 constexpr int kAuxThreads = 256;
-constexpr int kDRowsPerBlock = kAuxThreads / 32;
 
-// One warp per (batch, head, row): lane i reads elements 8i .. 8i + 7 of dO and O.
+// D = rowsum(dO * O) reads each row as 16-byte chunks, one per lane, with the fewest lanes (a
+// power of two) that cover a row: 8 at hd64, so a warp reads 4 rows. One warp per row left 24
+// of 32 lanes idle at hd64: 117 us for 134 MB on an H100, now 53 (notes/perf.md, session 8).
+constexpr int softmax_d_lanes(int head_dim) {
+  int lanes = 1;
+  while (lanes < head_dim / 8) lanes *= 2;
+  return lanes;
+}
+
+template <int kHeadDim>
+constexpr int kDRowsPerBlock = kAuxThreads / softmax_d_lanes(kHeadDim);
+
+// Blocks run over (batch, head) and within it over kDRowsPerBlock rows.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams p) {
-  static_assert(kHeadDim % 8 == 0 && kHeadDim / 8 <= 32);
-  const int64_t index = int64_t(blockIdx.x) * kDRowsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (index >= int64_t(p.batch) * p.heads * p.seqlen_q) return;  // a whole warp at once
-  const int row = int(index % p.seqlen_q);
-  const int batch_head = int(index / p.seqlen_q);
-  const int batch = batch_head / p.heads;
-  const int head = batch_head % p.heads;
+  constexpr int kChunks = kHeadDim / 8;
+  constexpr int kLanes = softmax_d_lanes(kHeadDim);
+  static_assert(kHeadDim % 8 == 0 && kLanes <= 32);
+  constexpr int kRows = kDRowsPerBlock<kHeadDim>;
+  const int blocks_per_head = (p.seqlen_q + kRows - 1) / kRows;
+  const int batch_head = int(blockIdx.x) / blocks_per_head;
+  const int row = int(blockIdx.x) % blocks_per_head * kRows + int(threadIdx.x) / kLanes;
+  const int chunk = int(threadIdx.x) % kLanes;
   float sum = 0.f;
-  if (lane < kHeadDim / 8) {
+  if (row < p.seqlen_q && chunk < kChunks) {
+    const int batch = batch_head / p.heads;
+    const int head = batch_head % p.heads;
     const auto* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
                        row * p.do_row_stride + head * p.do_head_stride;
     const auto* out = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
                       row * p.o_row_stride + head * p.o_head_stride;
-    const auto d = reinterpret_cast<const Chunk8<Element>*>(dout)[lane];
-    const auto o = reinterpret_cast<const Chunk8<Element>*>(out)[lane];
+    const auto d = reinterpret_cast<const Chunk8<Element>*>(dout)[chunk];
+    const auto o = reinterpret_cast<const Chunk8<Element>*>(out)[chunk];
 #pragma unroll
     for (int j = 0; j < 8; ++j) sum += float(d.x[j]) * float(o.x[j]);
   }
+  // Sums over each group of kLanes lanes (xor offsets below kLanes stay inside it); every lane
+  // takes part, those past the end of the rows with zeros.
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffff, sum, offset);
-  if (lane == 0) p.softmax_d[index] = sum;
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    sum += __shfl_xor_sync(0xffffffff, sum, offset);
+  }
+  if (row < p.seqlen_q && chunk == 0) p.softmax_d[int64_t(batch_head) * p.seqlen_q + row] = sum;
 }
 
 // One thread per 8 columns of a dq row.

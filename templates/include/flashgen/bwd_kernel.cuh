@@ -303,10 +303,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were.
   cp_async_wait<0>();
   __syncthreads();
-  if constexpr (Traits::kDqBulkReduce) {
-    add_staged_dq();
-    if (issues_bulk_add) wait_bulk_done();  // the staging rows outlive the adds' reads
-  }
+  if constexpr (Traits::kDqBulkReduce) add_staged_dq();
   Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
                                                            p.dk_row_stride, p.dk_head_stride,
                                                            batch, head_kv, p.seqlen_k),
@@ -317,6 +314,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
                           TileKV{}, make_coord(n_block, 0));
   store_tile<Traits>(mma_dkv, tid, acc_dk, p.softmax_scale, sK, gdK, kv_rows);
   store_tile<Traits>(mma_dkv, tid, acc_dv, 1.f, sV, gdV, kv_rows);
+  // The last adds read their staging rows while dK and dV leave; shared memory must outlive the
+  // reads, not the adds, whose results the next kernel in the stream sees.
+  if constexpr (Traits::kDqBulkReduce) {
+    if (issues_bulk_add) wait_bulk_reads();
+  }
 }
 
 template <class Traits, bool kCausal>

@@ -18,7 +18,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
   // Empty inputs have trivial gradients; the caller fills them.
   if (rows == 0 || p.seqlen_k == 0) return cudaSuccess;
-  const int64_t d_blocks = (rows + kDRowsPerBlock - 1) / kDRowsPerBlock;
+  const int64_t d_blocks = (int64_t(p.seqlen_q) + kDRowsPerBlock<kHeadDim> - 1) /
+                           kDRowsPerBlock<kHeadDim> * p.batch * p.heads;
   const int64_t n_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                            p.batch * p.heads_kv;
   const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM *
@@ -27,28 +28,28 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   for (int64_t blocks : {d_blocks, n_blocks, m_blocks, convert_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
-  auto dkdv = bwd_dkdv_kernel<Traits, kCausal>;
-  auto dq = bwd_dq_kernel<Traits, kCausal>;
-  for (auto kernel : {dkdv, dq}) {
-    if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
-      return err;
-    }
-  }
-
+  // D first: the GPU starts on it while the host sets up the rest.
   softmax_d_kernel<Element, kHeadDim><<<unsigned(d_blocks), kAuxThreads, 0, stream>>>(p);
-  if (p.dq_accum != nullptr) {
-    const size_t bytes = size_t(rows) * Traits::kHeadDimPadded * sizeof(float);
-    if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
+  auto dkdv = bwd_dkdv_kernel<Traits, kCausal>;
+  if (cudaError_t err = opt_in_shared_memory(dkdv, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
+  }
+  if (p.dq_accum == nullptr) {  // deterministic: dK/dV, then dQ by its own kernel
+    auto dq = bwd_dq_kernel<Traits, kCausal>;
+    if (cudaError_t err = opt_in_shared_memory(dq, Traits::kSmemBytes); err != cudaSuccess) {
       return err;
     }
+    dkdv<<<unsigned(n_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const size_t bytes = size_t(rows) * Traits::kHeadDimPadded * sizeof(float);
+  if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
+    return err;
   }
   dkdv<<<unsigned(n_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  if (p.dq_accum != nullptr) {
-    dq_convert_kernel<Element, kHeadDim, Traits::kHeadDimPadded>
-        <<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
-  } else {
-    dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  }
+  dq_convert_kernel<Element, kHeadDim, Traits::kHeadDimPadded>
+      <<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
