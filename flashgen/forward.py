@@ -92,18 +92,24 @@ def launch(launcher: loader.Launcher, q, k, v, o, lse, scale: float, causal_offs
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     q_strides, k_strides, v_strides, o_strides = q.stride(), k.stride(), v.stride(), o.stride()
-    device_index = q.get_device()
     args = (launcher.address, launcher.error_string_address, q.data_ptr(), k.data_ptr(),
             v.data_ptr(), o.data_ptr(), lse.data_ptr(),
             q_strides[0], q_strides[1], q_strides[2], k_strides[0], k_strides[1], k_strides[2],
             v_strides[0], v_strides[1], v_strides[2], o_strides[0], o_strides[1], o_strides[2],
             batch, heads, heads_kv, seqlen_q, seqlen_k, scale, scale * _LOG2_E, causal_offset,
-            ranks_per_round, _current_stream(device_index))
+            ranks_per_round)
+    call_on_device(loader.binding().fwd, q.get_device(), args)
+
+
+def call_on_device(entry, device_index: int, args: tuple) -> None:
+    """entry(*args, stream): a binding function that launches kernels, on the tensors' device
+    and that device's current stream."""
+    stream = _current_stream(device_index)
     if device_index == _current_device():
-        loader.binding().fwd(*args)
+        entry(*args, stream)
     else:  # kernels launch on the current device: switch to the tensors' one
         with torch.cuda.device(device_index):
-            loader.binding().fwd(*args)
+            entry(*args, stream)
 
 
 def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
