@@ -18,20 +18,6 @@ namespace flashgen {
 
 using namespace cute;
 
-// Warps along M for S and dP: warps_along_m's split, or twice as many where that is as square.
-// A thread holds the lse and D of each of its rows through the step: at hd64's 128 x 128 tile,
-// 32 x 64 per warp instead of 64 x 32 took ptxas's spill from 44 bytes to none (notes/perf.md,
-// session 8).
-constexpr int warps_along_m_fewer_rows(int m, int n, int warps) {
-  const int wm = warps_along_m(m, n, warps);
-  if (wm == 0 || 2 * wm > warps || m % (32 * wm) != 0 || n % (8 * (warps / wm)) != 0) return wm;
-  const auto skew = [&](int w) {
-    const int rows = m / w, cols = n / (warps / w);
-    return rows > cols ? rows - cols : cols - rows;
-  };
-  return skew(2 * wm) == skew(wm) ? 2 * wm : wm;
-}
-
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_,
           bool kDqBulkReduce_, bool kSplitMaskedStep_>
 struct BwdTraits {
@@ -49,7 +35,11 @@ struct BwdTraits {
   static_assert(kQStages == 1 || kQStages == 2, "q_stages must be 1 or 2");
   static_assert(kBlockN % 32 == 0, "block_n must be a multiple of 32 (P's shared-memory rows)");
 
-  static constexpr int kWarpsMSdP = warps_along_m_fewer_rows(kBlockM, kBlockN, kWarps);
+  // S and dP: a thread holds the lse and D of each of its rows through the step, so of two
+  // equally square splits the one with fewer rows per thread. At hd64's 128 x 128 tile, 32 x 64
+  // per warp instead of 64 x 32 took ptxas's spill from 44 bytes to none (notes/perf.md,
+  // session 8).
+  static constexpr int kWarpsMSdP = warps_along_m(kBlockM, kBlockN, kWarps, true);
   static constexpr int kWarpsNdKV = warps_along_m(kBlockN, kHeadDimPadded, kWarps);
   static constexpr int kWarpsMdQ = warps_along_m(kBlockM, kHeadDimPadded, kWarps);
   static_assert(kWarpsMSdP > 0 && kWarpsNdKV > 0 && kWarpsMdQ > 0,

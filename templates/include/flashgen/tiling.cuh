@@ -39,14 +39,16 @@ using TransposedStagesView = decltype(composition(
 
 // Warps along M of an (M, N) accumulator split over `warps` warps: the power-of-two split that
 // makes each warp's tile closest to square, as that reads the fewest operand bytes from shared
-// memory per mma. 0 when no split fits the 16 x 16 per-warp granule.
-constexpr int warps_along_m(int m, int n, int warps) {
+// memory per mma. Of two equally square splits, the one with fewer warps along M, or with
+// `more_m_on_tie` the one with more (fewer rows per thread). 0 when no split fits the 16 x 16
+// per-warp granule.
+constexpr int warps_along_m(int m, int n, int warps, bool more_m_on_tie = false) {
   int best = 0, best_cost = INT_MAX;
   for (int wm = 1; wm <= warps; wm *= 2) {
     const int wn = warps / wm;
     if (m % (16 * wm) != 0 || n % (16 * wn) != 0) continue;
     const int cost = m / wm > n / wn ? m / wm - n / wn : n / wn - m / wm;
-    if (cost < best_cost) best = wm, best_cost = cost;
+    if (cost < best_cost || (more_m_on_tie && cost == best_cost)) best = wm, best_cost = cost;
   }
   return best;
 }
