@@ -5,10 +5,10 @@ FlashAttention's convention: batch * seqlen = 16k tokens, heads * head_dim = 204
 tile choice pays: flashgen_main_tile times the main tile alone). Forward FLOPs
 are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal; the backward counts
 2.5x the forward (five matmuls to the forward's two), forward + backward 3.5x. Times are medians
-of CUDA-event-timed calls after warm-up, on fresh random inputs, rotating input sets when they
-would fit in L2. Each cell is measured per mode: fwd (the forward), bwd (out.backward(dout) of a
-forward run once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
-"""
+of CUDA-event-timed calls after warm-up, issued back to back (host work overlaps earlier GPU
+work, as in training), on fresh random inputs, rotating input sets when they would fit in L2.
+Each cell is measured per mode: fwd (the forward), bwd (out.backward(dout) of a forward run
+once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both)."""
 
 from __future__ import annotations
 
@@ -71,11 +71,15 @@ def input_sets(set_bytes: int, l2_bytes: int) -> int:
 
 
 def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
-    """Median of CUDA-event-timed calls, rotating through the input sets. reset(*input set), if
-    given, runs untimed before each call."""
+    """Median of CUDA-event-timed calls, rotating through the input sets. The calls go out back
+    to back, as a training step issues them: no host synchronisation between calls, so each
+    call's host work (Python, autograd, allocation, launches) overlaps the GPU work queued before
+    it and shows in its time only where it outlasts that work (bench --overhead times the host
+    work alone). reset(*input set), if given, runs untimed before each call; it must not
+    synchronise."""
     import torch
 
-    times = []
+    events = []
     for i in range(warmup + repeats):
         args = inputs[i % len(inputs)]
         if reset is not None:
@@ -84,10 +88,10 @@ def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) ->
         start.record()
         fn(*args)
         end.record()
-        end.synchronize()
         if i >= warmup:
-            times.append(start.elapsed_time(end))
-    return statistics.median(times)
+            events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
 def timed_call(mode: str, fn, inputs: list) -> tuple:
