@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from codegen import resources
 from codegen.arch import arch_for_capability
-from flashgen import forward, loader, registry, validate
+from flashgen import forward, loader, registry, schedule, validate
 
 _LOG2_E = math.log2(math.e)
 
@@ -31,7 +31,8 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
-    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, causal)
+    launcher, padded_head_dim, sorted_tail_blocks = _choose(q.get_device(), dtype, head_dim,
+                                                            causal)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         pad = (0, padded_head_dim - head_dim)
         inputs = [F.pad(t, pad) for t in (q, k, v, out, dout)]
@@ -40,17 +41,17 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
         inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
         work = grads
     launch(launcher, *inputs, lse.contiguous(), *work, scale,
-           causal_offset if causal else 0, deterministic)
+           causal_offset if causal else 0, deterministic, sorted_tail_blocks)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
     return grads
 
 
-def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
-           deterministic) -> None:
-    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views (the tuner
-    calls it too)."""
+def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset, deterministic,
+           sorted_tail_blocks) -> None:
+    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, its grids in
+    the order sorted_tail_blocks gives (schedule.py; the tuner calls it too)."""
     batch, seqlen_q, heads, head_dim = q.shape
     rows = batch * heads * seqlen_q
     # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
@@ -65,16 +66,19 @@ def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset,
             0 if deterministic else scratch_address,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             *dout.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-            batch, heads, k.shape[2], seqlen_q, k.shape[1], scale, scale * _LOG2_E, causal_offset)
+            batch, heads, k.shape[2], seqlen_q, k.shape[1], scale, scale * _LOG2_E, causal_offset,
+            sorted_tail_blocks)
     forward.call_on_device(loader.binding().bwd, q.get_device(), args)
 
 
 @functools.cache
 def _choose(device_index: int, dtype: str, head_dim: int,
-            causal: bool) -> tuple[loader.Launcher, int | None]:
-    """The backward launcher for these calls and the head dim to zero-pad to (None: no padding).
-    One kernel per head dim, whatever the shape (the forward picks a tile per shape). Cached: the
-    first call decides, later ones pay one lookup."""
-    arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
-    choice = registry.main_choice(arch, dtype, head_dim, causal, "bwd")
-    return loader.launcher(choice.spec), choice.padded_head_dim
+            causal: bool) -> tuple[loader.Launcher, int | None, int]:
+    """The backward launcher for these calls, the head dim to zero-pad to (None: no padding) and
+    the grids' order (schedule.py). One kernel per head dim, whatever the shape (the forward picks
+    a tile per shape). Cached: the first call decides, later ones pay one lookup."""
+    props = torch.cuda.get_device_properties(device_index)
+    choice = registry.main_choice(arch_for_capability(props.major, props.minor), dtype, head_dim,
+                                  causal, "bwd")
+    return (loader.launcher(choice.spec), choice.padded_head_dim,
+            schedule.sorted_tail_blocks(causal, props.multi_processor_count))

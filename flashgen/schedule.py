@@ -1,5 +1,5 @@
-"""The order in which the forward's grid visits its query blocks: a pure function, decoded by
-templates/include/flashgen/block_order.cuh.
+"""The order in which the forward's and the backward's grids visit their blocks: pure
+functions, decoded by templates/include/flashgen/block_order.cuh.
 
 Each (batch, head) has `ranks` query blocks, rank 0 the longest (the last block: under causal
 masking it sees the most keys). The grid runs them in rounds of `ranks_per_round` ranks, longest
@@ -21,12 +21,19 @@ for the same speed.
 
 The backward was measured the same way and keeps one round: there the blocks running together
 also add dQ into one fp32 workspace, whose running part stops fitting in L2 when they come from
-many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round).
+many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round). Its ranks are
+key blocks (the dK/dV kernel) or query blocks (the deterministic dQ kernel), and its tiles fill
+an SM, one block each. Under causal masking only the grid's last (batch, head)s, as few as hold
+SORTED_TAIL_WAVES waves of blocks, run longest first across them: the same list-scheduling
+model put the one-round tail at 3% of the ideal time at head dim 64 and 6-7% at 128 and 256
+(seqlen 1k-8k), and at 0.2-1.4% with 4 waves sorted (simulate_bwd_order.py in
+notes/runs/2026-11-23-session9/); those few (batch, head)s' dQ workspace fits in L2.
 """
 
 from __future__ import annotations
 
 CAUSAL_RANKS_PER_ROUND = 2
+SORTED_TAIL_WAVES = 4
 
 
 def ranks_per_round(causal: bool, ranks: int) -> int:
@@ -37,3 +44,8 @@ def ranks_per_round(causal: bool, ranks: int) -> int:
 def for_spec(spec, seqlen_q: int) -> int:
     """ranks_per_round for a forward KernelSpec's grid on seqlen_q query rows."""
     return ranks_per_round(spec.causal, -(-seqlen_q // spec.block_m))
+
+
+def sorted_tail_blocks(causal: bool, sm_count: int) -> int:
+    """BwdParams.sorted_tail_blocks for a backward grid on a GPU of sm_count SMs."""
+    return SORTED_TAIL_WAVES * sm_count if causal else 0

@@ -77,8 +77,8 @@ auto fwd_fields(flashgen::FwdParams& p) {
                         std::tie(p.ranks_per_round));
 }
 
-// BwdParams' fields in the order bwd takes them, likewise. dq_accum 0 selects the deterministic
-// path.
+// BwdParams' fields in the order bwd takes them, likewise, then the grids' order. dq_accum 0
+// selects the deterministic path.
 auto bwd_fields(flashgen::BwdParams& p) {
   return std::tuple_cat(
       std::tie(p.q, p.k, p.v, p.o, p.dout, p.softmax_lse, p.dq, p.dk, p.dv, p.softmax_d,
@@ -88,7 +88,7 @@ auto bwd_fields(flashgen::BwdParams& p) {
                p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
                p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
                p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
-      problem(p));
+      problem(p), std::tie(p.sorted_tail_blocks));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ class BwdParams(ctypes.Structure):
     _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "softmax_lse",
                                                        "dq", "dk", "dv", "softmax_d", "dq_accum")]
                 + stride_fields("q", "k", "v", "o", "do", "dq", "dk", "dv") + SIZE_FIELDS
-                + SCALE_FIELDS)
+                + SCALE_FIELDS + [("sorted_tail_blocks", ctypes.c_int)])
 
 
 @pytest.fixture(scope="module")
@@ -146,8 +146,10 @@ def test_the_ctypes_structures_mirror_params_h(params_type):
     assert params_type._fields_ == ctypes_fields(declaration)
 
 
-# Sizes, causal offset and grid order all different, so that no field passes with another's value.
+# Sizes, causal offset and grid orders all different, so that no field passes with another's
+# value.
 BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
+SORTED_TAIL_BLOCKS = 11
 Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
 LSE_SHAPE = (BATCH, HEADS, SEQLEN_Q)
 
@@ -193,7 +195,7 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
     workspaces = record_empty(monkeypatch)
     backward.launch(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
                     tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
-                    CAUSAL_OFFSET, deterministic)
+                    CAUSAL_OFFSET, deterministic, SORTED_TAIL_BLOCKS)
     ((params, stream),) = launcher.launches
     assert stream == 77
     # One fp32 scratch: dQ's workspace (rows x padded head dim, none when deterministic), then D.
@@ -206,4 +208,5 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "softmax_d": scratch.data_ptr() + 4 * dq_floats,
         # ctypes reads a null pointer as None
         "dq_accum": None if deterministic else scratch.data_ptr(),
-        **problem_fields(tensors["q"], tensors["k"], 0.125, CAUSAL_OFFSET)}
+        **problem_fields(tensors["q"], tensors["k"], 0.125, CAUSAL_OFFSET),
+        "sorted_tail_blocks": SORTED_TAIL_BLOCKS}

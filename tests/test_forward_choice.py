@@ -80,13 +80,20 @@ def backward(forward):
 
 
 def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
-    launcher, padded_head_dim = backward._choose(0, "bf16", 128, True)
+    launcher, padded_head_dim, _ = backward._choose(0, "bf16", 128, True)
     assert launcher.spec.name == "bwd_sm90_bf16_hd128_causal_m64n128w8s2"
     assert padded_head_dim is None
 
 
+def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward):
+    *_, sorted_tail_blocks = backward._choose(0, "bf16", 128, True)
+    assert sorted_tail_blocks == backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count
+    *_, sorted_tail_blocks = backward._choose(0, "bf16", 128, False)
+    assert sorted_tail_blocks == 0  # every block does the same work
+
+
 def test_the_backward_pads_an_unconfigured_head_dim_to_the_next_configured(backward):
-    launcher, padded_head_dim = backward._choose(0, "fp16", 80, False)
+    launcher, padded_head_dim, _ = backward._choose(0, "fp16", 80, False)
     assert launcher.spec.direction == "bwd" and launcher.spec.head_dim == padded_head_dim == 96
 
 

@@ -1,5 +1,5 @@
-"""The forward grid's order: schedule.py's choice, and block_order.cuh's decoding of it (compiled for the
-host with the C++ compiler, called through ctypes)."""
+"""The grids' orders: schedule.py's choices, and block_order.cuh's decoding of them (compiled for
+the host with the C++ compiler, called through ctypes)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,13 @@ extern "C" void decode(int block, int ranks, int batch_heads, int ranks_per_roun
   out[0] = work.rank;
   out[1] = work.batch_head;
 }
+extern "C" void decode_sorted_tail(int block, int ranks, int batch_heads, int tail_blocks,
+                                   int* out) {
+  const flashgen::BlockWork work =
+      flashgen::block_work_sorted_tail(block, ranks, batch_heads, tail_blocks);
+  out[0] = work.rank;
+  out[1] = work.batch_head;
+}
 """
 
 
@@ -37,13 +44,18 @@ def test_a_grid_without_blocks_still_gets_a_valid_round():
     assert schedule.ranks_per_round(False, 0) == schedule.ranks_per_round(True, 0) == 1
 
 
+def test_the_backward_sorts_a_tail_of_waves_under_causal_masking_only():
+    assert schedule.sorted_tail_blocks(True, 132) == schedule.SORTED_TAIL_WAVES * 132
+    assert schedule.sorted_tail_blocks(False, 132) == 0
+
+
 def test_a_spec_has_a_rank_per_query_block():
     spec = SimpleNamespace(block_m=128, causal=False)
     assert schedule.for_spec(spec, 1000) == 8  # ceil(1000 / 128) query blocks, one round
 
 
 @pytest.fixture(scope="module")
-def block_work(tmp_path_factory):
+def decoder(tmp_path_factory):
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         pytest.skip("no host C++ compiler")
@@ -53,14 +65,27 @@ def block_work(tmp_path_factory):
     subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
                     "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
                     str(folder / "decode.cpp"), "-o", str(library)], check=True)
-    decode = ctypes.CDLL(str(library)).decode
+    return ctypes.CDLL(str(library))
 
-    def work(block, ranks, batch_heads, ranks_per_round):
+
+def decoded(function):
+    """function(block, ranks, batch_heads, order argument) as a (rank, batch_head) tuple."""
+    def work(block, ranks, batch_heads, argument):
         out = (ctypes.c_int * 2)()
-        decode(block, ranks, batch_heads, ranks_per_round, out)
+        function(block, ranks, batch_heads, argument, out)
         return tuple(out)
 
     return work
+
+
+@pytest.fixture(scope="module")
+def block_work(decoder):
+    return decoded(decoder.decode)
+
+
+@pytest.fixture(scope="module")
+def block_work_sorted_tail(decoder):
+    return decoded(decoder.decode_sorted_tail)
 
 
 def order(block_work, ranks, batch_heads, ranks_per_round):
@@ -93,3 +118,24 @@ def test_rounds_of_two_ranks_end_with_a_short_round(block_work):
 
 def test_an_out_of_range_round_means_one_round(block_work):
     assert order(block_work, 3, 2, 0) == order(block_work, 3, 2, 3)
+
+
+@pytest.mark.parametrize("ranks, batch_heads", [(1, 1), (1, 5), (7, 1), (16, 64), (9, 3)])
+@pytest.mark.parametrize("tail_blocks", [0, 1, 9, 40, 10**6])
+def test_the_backward_runs_every_block_once_and_its_tail_longest_first(block_work_sorted_tail,
+                                                                        ranks, batch_heads,
+                                                                        tail_blocks):
+    visited = order(block_work_sorted_tail, ranks, batch_heads, tail_blocks)
+    assert sorted(visited) == [(r, bh) for r in range(ranks) for bh in range(batch_heads)]
+    tail = min(batch_heads, -(-tail_blocks // ranks))  # whole (batch, head)s
+    head_blocks = (batch_heads - tail) * ranks
+    assert visited[:head_blocks] == [(r, bh) for bh in range(batch_heads - tail)
+                                     for r in range(ranks)]
+    assert visited[head_blocks:] == [(r, bh) for r in range(ranks)
+                                     for bh in range(batch_heads - tail, batch_heads)]
+
+
+def test_a_sorted_tail_takes_whole_batch_heads(block_work_sorted_tail):
+    # 3 blocks in the tail need 2 of the 3 (batch, head)s of 2 ranks
+    assert order(block_work_sorted_tail, 2, 3, 3) == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1),
+                                                      (1, 2)]

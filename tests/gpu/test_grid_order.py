@@ -1,20 +1,23 @@
-"""The forward grid's order (flashgen/schedule.py, block_order.cuh) decides which query block runs
-when, never what it computes: under causal masking every order gives the same bits, and they
-match the fp32 reference. Outputs are poisoned (NaN) before each call."""
+"""The grids' order (flashgen/schedule.py, block_order.cuh) decides which block runs when, never
+what it computes: under causal masking every order gives the same bits (the backward's dQ
+only where it is deterministic: atomics add in any order), and they match the fp32 reference.
+Outputs are poisoned (NaN) before each call."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from flashgen import flash_attn_func, forward, schedule
-from flashgen.reference import assert_close_fa2, attention_ref
+from flashgen import backward, flash_attn_func, forward, schedule
+from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
 
 # Ranks per round: one rank (longest first across the grid), two, three (a short last round),
 # and one round (each (batch, head) after another).
 ORDERS = [1, 2, 3, 10**6]
+# The backward's sorted tail, in blocks: none ((batch, head)-major), part of the grid, all of it.
+SORTED_TAILS = [0, 5, 10**6]
 # (batch, seqlen_q, seqlen_k, heads, heads_kv)
 SHAPES = [(2, 1000, 1000, 8, 2), (3, 777, 1500, 4, 4), (1, 1500, 640, 6, 1)]
 
@@ -49,3 +52,45 @@ def test_every_grid_order_gives_the_same_bits(grid_order, head_dim, shape):
     out_pt, lse_pt = attention_ref(q, k, v, causal=True, upcast=False)
     assert_close_fa2(out, out_ref, out_pt, "out")
     assert_close_fa2(lse, lse_ref, lse_pt, "lse")
+
+
+@pytest.fixture
+def backward_order(monkeypatch):
+    """Sets the backward's sorted tail (until the test ends); its cached choices are dropped
+    either side."""
+    def use(tail_blocks: int):
+        monkeypatch.setattr(schedule, "sorted_tail_blocks", lambda causal, sm_count: tail_blocks)
+        backward._choose.cache_clear()
+
+    yield use
+    backward._choose.cache_clear()
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
+def test_every_backward_order_gives_the_same_gradients(backward_order, head_dim, shape,
+                                                       deterministic):
+    batch, seqlen_q, seqlen_k, heads, heads_kv = shape
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    dout = torch.randn_like(q)
+    out = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    results = []
+    for tail_blocks in SORTED_TAILS:
+        backward_order(tail_blocks)
+        results.append(torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    (dq, dk, dv), *others = results
+    for other_dq, other_dk, other_dv in others:  # each key block writes its own dK and dV
+        assert torch.equal(other_dk, dk) and torch.equal(other_dv, dv)
+        assert torch.equal(other_dq, dq) or not deterministic
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=True,
+                                                              upcast=upcast)[0], leaves, dout)
+                            for upcast in (True, False))
+    for grads in results:
+        for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
+            assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)

@@ -1,5 +1,6 @@
 // Which block of work a thread block of a 1-D grid runs. Python chooses the order
-// (flashgen/schedule.py); this only decodes it.
+// (flashgen/schedule.py); this only decodes it. block_work orders the forward's grid,
+// block_work_sorted_tail the backward's.
 //
 // Each (batch, head) has `ranks` blocks of work, rank 0 the longest (the forward's last query
 // block under causal masking). The GPU starts thread blocks in index order as SMs free up, so a
@@ -28,6 +29,22 @@ __host__ __device__ __forceinline__ BlockWork block_work(int block, int ranks, i
   const int ranks_here = left < per_round ? left : per_round;  // the last round may be short
   const int in_round = block - first_rank * batch_heads;
   return {first_rank + in_round % ranks_here, in_round / ranks_here};
+}
+
+// The backward's order: one (batch, head) after another, its longest block first, so that the
+// blocks running together share their (batch, head)'s reads and dQ adds in L2 (the forward's
+// rounds of ranks cost the backward that, schedule.py). Only the last (batch, head)s, as few
+// as hold `tail_blocks` blocks, interleave theirs longest first across them, so that the grid
+// ends on short blocks, not on a long one started in its last wave.
+__host__ __device__ __forceinline__ BlockWork block_work_sorted_tail(int block, int ranks,
+                                                                     int batch_heads,
+                                                                     int tail_blocks) {
+  const int wanted = (tail_blocks + ranks - 1) / ranks;
+  const int tail = wanted < batch_heads ? wanted : batch_heads;
+  const int head_blocks = (batch_heads - tail) * ranks;
+  if (block < head_blocks) return {block % ranks, block / ranks};
+  const BlockWork work = block_work(block - head_blocks, ranks, tail, 1);
+  return {work.rank, batch_heads - tail + work.batch_head};
 }
 
 }  // namespace flashgen

@@ -12,6 +12,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashgen/block_order.cuh"
 #include "flashgen/bulk_reduce.cuh"
 #include "flashgen/bwd_step.cuh"
 #include "flashgen/bwd_traits.cuh"
@@ -114,9 +115,12 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   extern __shared__ char smem[];
   const int tid = threadIdx.x;
 
+  // Rank r is key block r: under causal masking the first key block sees the most queries.
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  const int n_block = int(blockIdx.x % num_n_blocks);
-  const int batch_head_kv = int(blockIdx.x / num_n_blocks);
+  const BlockWork work = block_work_sorted_tail(int(blockIdx.x), num_n_blocks,
+                                                p.batch * p.heads_kv, p.sorted_tail_blocks);
+  const int n_block = work.rank;
+  const int batch_head_kv = work.batch_head;
   const int batch = batch_head_kv / p.heads_kv;
   const int head_kv = batch_head_kv % p.heads_kv;
   const int group = p.heads / p.heads_kv;
@@ -334,9 +338,12 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   extern __shared__ char smem[];
   const int tid = threadIdx.x;
 
+  // Rank r is query block num_m_blocks - 1 - r: under causal masking the last sees the most keys.
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block = num_m_blocks - 1 - int(blockIdx.x % num_m_blocks);
-  const int batch_head = int(blockIdx.x / num_m_blocks);
+  const BlockWork work = block_work_sorted_tail(int(blockIdx.x), num_m_blocks,
+                                                p.batch * p.heads, p.sorted_tail_blocks);
+  const int m_block = num_m_blocks - 1 - work.rank;
+  const int batch_head = work.batch_head;
   const int batch = batch_head / p.heads;
   const int head = batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);

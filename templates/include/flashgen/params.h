@@ -58,6 +58,7 @@ struct BwdParams {
   int batch, heads, heads_kv, seqlen_q, seqlen_k;
   float softmax_scale, scale_log2;
   int causal_offset;  // as in FwdParams
+  int sorted_tail_blocks;  // the grids' order (block_work_sorted_tail, flashgen/schedule.py)
 };
 
 }  // namespace flashgen
