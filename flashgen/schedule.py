@@ -25,8 +25,8 @@ many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round). 
 key blocks (the dK/dV kernel) or query blocks (the deterministic dQ kernel), and its tiles fill
 an SM, one block each. Under causal masking only the grid's last (batch, head)s, as few as hold
 SORTED_TAIL_WAVES waves of blocks, run longest first across them: the same list-scheduling
-model put the one-round tail at 3% of the ideal time at head dim 64 and 6-7% at 128 and 256
-(seqlen 1k-8k), and at 0.2-1.4% with 4 waves sorted (simulate_bwd_order.py in
+model put the one-round tail at 3% of the ideal time at head dim 64 (seqlen 1k-8k) and 6-7% at
+128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted (simulate_bwd_order.py in
 notes/runs/2026-11-23-session9/); those few (batch, head)s' dQ workspace fits in L2.
 """
 
