@@ -31,8 +31,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
-    launcher, padded_head_dim, sorted_tail_blocks = _choose(q.get_device(), dtype, head_dim,
-                                                            causal)
+    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, causal)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         pad = (0, padded_head_dim - head_dim)
         inputs = [F.pad(t, pad) for t in (q, k, v, out, dout)]
@@ -41,7 +40,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
         inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
         work = grads
     launch(launcher, *inputs, lse.contiguous(), *work, scale,
-           causal_offset if causal else 0, deterministic, sorted_tail_blocks)
+           causal_offset if causal else 0, deterministic, grid_order(launcher.spec, *inputs[:2]))
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
@@ -51,7 +50,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
 def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset, deterministic,
            sorted_tail_blocks) -> None:
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, its grids in
-    the order sorted_tail_blocks gives (schedule.py; the tuner calls it too)."""
+    the order sorted_tail_blocks gives (grid_order; the tuner calls it too)."""
     batch, seqlen_q, heads, head_dim = q.shape
     rows = batch * heads * seqlen_q
     # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
@@ -71,14 +70,30 @@ def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset, 
     forward.call_on_device(loader.binding().bwd, q.get_device(), args)
 
 
+def grid_order(spec, q, k) -> int:
+    """BwdParams.sorted_tail_blocks for the backward kernel `spec` on (batch, seq, heads, dim)
+    views q and k (schedule.py)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    sm_count, l2_bytes = _device_resources(q.get_device())
+    dq_bytes = heads // heads_kv * seqlen_q * resources.padded_head_dim(head_dim) * 4
+    return schedule.sorted_tail_blocks(spec.causal, -(-seqlen_k // spec.block_n),
+                                       batch * heads_kv, dq_bytes, sm_count, l2_bytes)
+
+
+@functools.cache
+def _device_resources(device_index: int) -> tuple[int, int]:
+    """The device's SM count and L2 bytes."""
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.L2_cache_size
+
+
 @functools.cache
 def _choose(device_index: int, dtype: str, head_dim: int,
-            causal: bool) -> tuple[loader.Launcher, int | None, int]:
-    """The backward launcher for these calls, the head dim to zero-pad to (None: no padding) and
-    the grids' order (schedule.py). One kernel per head dim, whatever the shape (the forward picks
-    a tile per shape). Cached: the first call decides, later ones pay one lookup."""
-    props = torch.cuda.get_device_properties(device_index)
-    choice = registry.main_choice(arch_for_capability(props.major, props.minor), dtype, head_dim,
-                                  causal, "bwd")
-    return (loader.launcher(choice.spec), choice.padded_head_dim,
-            schedule.sorted_tail_blocks(causal, props.multi_processor_count))
+            causal: bool) -> tuple[loader.Launcher, int | None]:
+    """The backward launcher for these calls and the head dim to zero-pad to (None: no padding).
+    One kernel per head dim, whatever the shape (the forward picks a tile per shape). Cached: the
+    first call decides, later ones pay one lookup."""
+    arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
+    choice = registry.main_choice(arch, dtype, head_dim, causal, "bwd")
+    return loader.launcher(choice.spec), choice.padded_head_dim

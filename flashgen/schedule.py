@@ -22,18 +22,23 @@ for the same speed.
 The backward was measured the same way and keeps one round: there the blocks running together
 also add dQ into one fp32 workspace, whose running part stops fitting in L2 when they come from
 many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round). Its ranks are
-key blocks (the dK/dV kernel) or query blocks (the deterministic dQ kernel), and its tiles fill
-an SM, one block each. Under causal masking only the grid's last (batch, head)s, as few as hold
-SORTED_TAIL_WAVES waves of blocks, run longest first across them: the same list-scheduling
-model put the one-round tail at 3% of the ideal time at head dim 64 (seqlen 1k-8k) and 6-7% at
-128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted (simulate_bwd_order.py in
-notes/runs/2026-11-23-session9/); those few (batch, head)s' dQ workspace fits in L2.
+key blocks (the dK/dV kernel; the deterministic dQ kernel takes the same order over its query
+blocks), and its tiles fill an SM, one block each. Under causal masking only the grid's last
+(batch, head)s, as few as hold SORTED_TAIL_WAVES waves of blocks, run longest first across
+them: the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim
+64 (seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
+(simulate_bwd_order.py in notes/runs/2026-11-23-session9/). Measured on an H100 (bf16 and
+fp16, same process): +1-7% at hd128 2k-4k, +1-6% at hd64 2k-16k, as long as the tail's
+(batch, head)s keep their dQ workspace within SORTED_TAIL_L2_SHARE of L2 (36 MiB of the H100's
+50 at hd128 8k and hd256 4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost up to 6%, so there
+the grid stays (batch, head)-major.
 """
 
 from __future__ import annotations
 
 CAUSAL_RANKS_PER_ROUND = 2
 SORTED_TAIL_WAVES = 4
+SORTED_TAIL_L2_SHARE = 0.75
 
 
 def ranks_per_round(causal: bool, ranks: int) -> int:
@@ -46,6 +51,15 @@ def for_spec(spec, seqlen_q: int) -> int:
     return ranks_per_round(spec.causal, -(-seqlen_q // spec.block_m))
 
 
-def sorted_tail_blocks(causal: bool, sm_count: int) -> int:
-    """BwdParams.sorted_tail_blocks for a backward grid on a GPU of sm_count SMs."""
-    return SORTED_TAIL_WAVES * sm_count if causal else 0
+def sorted_tail_blocks(causal: bool, key_blocks: int, batch_heads: int,
+                       dq_bytes_per_batch_head: int, sm_count: int, l2_bytes: int) -> int:
+    """BwdParams.sorted_tail_blocks for a backward grid of batch_heads (batch, KV head)s of
+    key_blocks blocks each, each (batch, KV head) adding dQ into dq_bytes_per_batch_head of
+    fp32 workspace, on a GPU of sm_count SMs and l2_bytes of L2."""
+    if not causal:
+        return 0
+    blocks = SORTED_TAIL_WAVES * sm_count
+    tail_batch_heads = min(batch_heads, -(-blocks // max(1, key_blocks)))
+    if tail_batch_heads * dq_bytes_per_batch_head > SORTED_TAIL_L2_SHARE * l2_bytes:
+        return 0
+    return blocks

@@ -84,7 +84,7 @@ def _verify_backward(spec: KernelSpec, q, k, v) -> None:
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     offset = k.shape[1] - q.shape[1]
     backward.launch(loader.launcher(spec), q, k, v, out, dout, lse, *grads,
-                    spec.head_dim ** -0.5, offset, False, _sorted_tail_blocks(spec, q))
+                    spec.head_dim ** -0.5, offset, False, backward.grid_order(spec, q, k))
     expected, same_dtype = (_reference_grads(q, k, v, dout, spec.causal, upcast)
                             for upcast in (True, False))
     for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
@@ -163,7 +163,7 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
                                                return_attn_probs=True)[:2], torch.randn_like(q))
                     for q, k, v in inputs]
 
-        sorted_tail_blocks = _sorted_tail_blocks(spec, inputs[0][0])
+        sorted_tail_blocks = backward.grid_order(spec, *inputs[0][:2])
 
         def candidate(q, k, v, out, lse, dout):
             backward.launch(launcher, q, k, v, out, dout, lse, *grads, scale, 0, False,
@@ -174,16 +174,6 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
     ours = flops / bench.time_ms(candidate, sets) / 1e9
     peer = bench.measure(bench.PEER, mode, spec.causal, inputs, flops)
     return ours, peer.get("tflops", float("nan"))
-
-
-def _sorted_tail_blocks(spec: KernelSpec, q) -> int:
-    """The backward grids' order that calls on q's device get (backward._choose)."""
-    import torch
-
-    from flashgen import schedule
-
-    sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count
-    return schedule.sorted_tail_blocks(spec.causal, sm_count)
 
 
 def pick_winners(rows: list[dict]) -> dict[tuple[str, int], Tile]:

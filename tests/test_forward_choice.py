@@ -11,7 +11,7 @@ from codegen.config import Tile
 
 torch = pytest.importorskip("torch")
 
-H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132)
+H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132, L2_cache_size=50 * 2**20)
 DEVICE = torch.device("cuda", 0)
 MAIN, SMALL = Tile(128, 32, 4, 3), Tile(64, 64, 4, 2)  # sm_90 head dim 128
 
@@ -75,25 +75,42 @@ def backward(forward):
     from flashgen import backward
 
     backward._choose.cache_clear()
+    backward._device_resources.cache_clear()
     yield backward
     backward._choose.cache_clear()
+    backward._device_resources.cache_clear()
 
 
 def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
-    launcher, padded_head_dim, _ = backward._choose(0, "bf16", 128, True)
+    launcher, padded_head_dim = backward._choose(0, "bf16", 128, True)
     assert launcher.spec.name == "bwd_sm90_bf16_hd128_causal_m64n128w8s2"
     assert padded_head_dim is None
 
 
-def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward):
-    *_, sorted_tail_blocks = backward._choose(0, "bf16", 128, True)
-    assert sorted_tail_blocks == backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count
-    *_, sorted_tail_blocks = backward._choose(0, "bf16", 128, False)
-    assert sorted_tail_blocks == 0  # every block does the same work
+def grid_order(backward, causal, batch, seqlen, heads, head_dim=128):
+    """backward.grid_order for the default hd128 kernel on (meta) inputs of this shape."""
+    spec = backward._choose(0, "bf16", head_dim, causal)[0].spec
+    q = torch.empty(batch, seqlen, heads, head_dim, device="meta")
+    return backward.grid_order(spec, q, q)
+
+
+@pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
+def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward, batch, seqlen):
+    assert grid_order(backward, True, batch, seqlen, 16) == (
+        backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
+
+
+def test_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(backward):
+    # 4 waves of 128 key blocks take 5 (batch, head)s: 5 x 16k x 128 x 4 bytes = 40 MiB
+    assert grid_order(backward, True, 1, 16384, 16) == 0
+
+
+def test_non_causal_backward_grids_are_batch_head_major(backward):
+    assert grid_order(backward, False, 8, 2048, 16) == 0  # every block does the same work
 
 
 def test_the_backward_pads_an_unconfigured_head_dim_to_the_next_configured(backward):
-    launcher, padded_head_dim, _ = backward._choose(0, "fp16", 80, False)
+    launcher, padded_head_dim = backward._choose(0, "fp16", 80, False)
     assert launcher.spec.direction == "bwd" and launcher.spec.head_dim == padded_head_dim == 96
 
 

@@ -44,9 +44,20 @@ def test_a_grid_without_blocks_still_gets_a_valid_round():
     assert schedule.ranks_per_round(False, 0) == schedule.ranks_per_round(True, 0) == 1
 
 
-def test_the_backward_sorts_a_tail_of_waves_under_causal_masking_only():
-    assert schedule.sorted_tail_blocks(True, 132) == schedule.SORTED_TAIL_WAVES * 132
-    assert schedule.sorted_tail_blocks(False, 132) == 0
+MIB = 2**20
+
+
+def test_the_backward_sorts_a_tail_of_waves_under_causal_masking():
+    # 4 waves of 132 blocks, 16 per (batch, head): 33 (batch, head)s of 1 MiB of dQ each
+    assert schedule.sorted_tail_blocks(True, 16, 256, MIB, 132, 50 * MIB) == (
+        schedule.SORTED_TAIL_WAVES * 132)
+    assert schedule.sorted_tail_blocks(False, 16, 256, MIB, 132, 50 * MIB) == 0
+
+
+def test_the_sorted_tail_keeps_its_dq_workspace_within_l2():
+    assert schedule.sorted_tail_blocks(True, 16, 256, 2 * MIB, 132, 50 * MIB) == 0  # 66 MiB
+    # a grid smaller than the tail sorts all of its (batch, head)s: 4 x 2 MiB
+    assert schedule.sorted_tail_blocks(True, 16, 4, 2 * MIB, 132, 50 * MIB) > 0
 
 
 def test_a_spec_has_a_rank_per_query_block():

@@ -56,14 +56,11 @@ def test_every_grid_order_gives_the_same_bits(grid_order, head_dim, shape):
 
 @pytest.fixture
 def backward_order(monkeypatch):
-    """Sets the backward's sorted tail (until the test ends); its cached choices are dropped
-    either side."""
+    """Sets the backward's sorted tail (until the test ends)."""
     def use(tail_blocks: int):
-        monkeypatch.setattr(schedule, "sorted_tail_blocks", lambda causal, sm_count: tail_blocks)
-        backward._choose.cache_clear()
+        monkeypatch.setattr(schedule, "sorted_tail_blocks", lambda *_: tail_blocks)
 
-    yield use
-    backward._choose.cache_clear()
+    return use
 
 
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
