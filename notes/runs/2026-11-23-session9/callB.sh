@@ -1,4 +1,4 @@
-# Call B (H100): the committed grid (scripts/bench_grid.sh) on this tree, kernels from call A's
+# Call B and call H (H100): the committed grid (scripts/bench_grid.sh) on this tree, kernels from call A's
 # cache (scratch/s9-cache.tgz.*; generate only checks them):  bash notes/runs/2026-11-23-session9/callB.sh
 set -uo pipefail
 R=$PWD
