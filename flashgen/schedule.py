@@ -21,9 +21,9 @@ for the same speed.
 
 The backward was measured the same way and keeps one round for most of its grid: there the
 blocks running together also add dQ into one fp32 workspace, whose running part stops fitting
-in L2 when they come from many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round). Its ranks are
-key blocks (the dK/dV kernel; the deterministic dQ kernel takes the same order over its query
-blocks), and its tiles fill an SM, one block each. Under causal masking only the grid's last
+in L2 when they come from many (batch, head)s (mean 0.92x with one round, 0.83x with one rank
+per round). Its ranks are key blocks (the dK/dV kernel; the deterministic dQ kernel takes the
+same order over its query blocks), and its tiles fill an SM, one block each. Under causal masking only the grid's last
 (batch, head)s, as few as hold SORTED_TAIL_WAVES waves of blocks, run longest first across
 them: the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim
 64 (seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
