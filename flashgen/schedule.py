@@ -19,19 +19,19 @@ FlashAttention-2 in the same process, notes/perf.md "Session 6"): mean 1.055x wi
 1.106x with 1 or 2 ranks per round, 1.098x with 4, 1.086x with 8. Two keep half the L2 sharing
 for the same speed.
 
-The backward was measured the same way and keeps one round for most of its grid: there the
-blocks running together also add dQ into one fp32 workspace, whose running part stops fitting
-in L2 when they come from many (batch, head)s (mean 0.92x with one round, 0.83x with one rank
-per round). Its ranks are key blocks (the dK/dV kernel; the deterministic dQ kernel takes the
-same order over its query blocks), and its tiles fill an SM, one block each. Under causal masking only the grid's last
-(batch, head)s, as few as hold SORTED_TAIL_WAVES waves of blocks, run longest first across
-them: the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim
-64 (seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
-(simulate_bwd_order.py in notes/runs/2026-11-23-session9/). Measured on an H100 (bf16 and
-fp16, same process): +1-7% at hd128 2k-4k and at hd64 2k-16k, as long as the tail's
-(batch, head)s keep their dQ workspace within SORTED_TAIL_L2_SHARE of L2 (36 MiB of the H100's
-50 at hd128 8k and hd256 4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost up to 6%, so there
-the grid stays (batch, head)-major.
+The backward was measured the same way and keeps one round for most of its grid: there the blocks
+running together also add dQ into one fp32 workspace, whose running part stops fitting in L2 when
+they come from many (batch, head)s (mean 0.92x with one round, 0.83x with one rank per round). Its
+ranks are key blocks (the dK/dV kernel; the deterministic dQ kernel takes the same order over its
+query blocks), and its tiles fill an SM, one block each. Under causal masking only the grid's last
+(batch, head)s, as few as hold SORTED_TAIL_WAVES waves of blocks, run longest first across them:
+the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim 64
+(seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
+(simulate_bwd_order.py in notes/runs/2026-11-23-session9/). Measured on an H100 (bf16 and fp16,
+same process): +1-7% at hd128 2k-4k and at hd64 2k-16k, as long as the tail's (batch, head)s keep
+their dQ workspace within SORTED_TAIL_L2_SHARE of L2 (36 MiB of the H100's 50 at hd128 8k and hd256
+4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost up to 6%, so there the grid stays (batch,
+head)-major.
 """
 
 from __future__ import annotations
