@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import backward, flash_attn_func, forward, schedule
+from flashgen import flash_attn_func, forward, schedule
 from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
