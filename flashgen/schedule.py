@@ -28,10 +28,10 @@ query blocks), and its tiles fill an SM, one block each. Under causal masking on
 the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim 64
 (seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
 (simulate_bwd_order.py in notes/runs/2026-11-23-session9/). Measured on an H100 (bf16 and fp16,
-same process): +1-7% at hd128 2k-4k and at hd64 2k-16k, as long as the tail's (batch, head)s keep
-their dQ workspace within SORTED_TAIL_L2_SHARE of L2 (36 MiB of the H100's 50 at hd128 8k and hd256
-4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost up to 6%, so there the grid stays (batch,
-head)-major.
+same process, 2 to 6 runs a cell): +1 to +6.5% at hd128 2k-4k, -1 to +7% at hd64 2k-16k (mostly
++2-4%), as long as the tail's (batch, head)s keep their dQ workspace within SORTED_TAIL_L2_SHARE of
+L2 (36 MiB of the H100's 50 at hd128 8k and hd256 4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost
+up to 6%, so there the grid stays (batch, head)-major.
 """
 
 from __future__ import annotations
