@@ -39,8 +39,8 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
     else:
         inputs = [t if validate.is_aligned(t) else t.contiguous() for t in (q, k, v, out, dout)]
         work = grads
-    launch(launcher, *inputs, lse.contiguous(), *work, scale,
-           causal_offset if causal else 0, deterministic, grid_order(launcher.spec, *inputs[:2]))
+    launch(launcher, *inputs, lse.contiguous(), *work, scale, causal_offset if causal else 0,
+           deterministic, grid(launcher.spec, *inputs[:2], deterministic))
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
@@ -48,37 +48,46 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, causal: bool,
 
 
 def launch(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, causal_offset, deterministic,
-           sorted_tail_blocks) -> None:
-    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, its grids in
-    the order sorted_tail_blocks gives (grid_order; the tuner calls it too)."""
+           bwd_grid: schedule.BwdGrid) -> None:
+    """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views, its grids as
+    bwd_grid says (grid(); the tuner calls it too)."""
     batch, seqlen_q, heads, head_dim = q.shape
     rows = batch * heads * seqlen_q
+    padded_head_dim = resources.padded_head_dim(head_dim)
     # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
-    # on an H100 host): dQ's workspace (none when deterministic), then D per query row. Freed on
-    # return, after the launch: the caching allocator reuses it in stream order.
-    dq_floats = 0 if deterministic else rows * resources.padded_head_dim(head_dim)
-    scratch = torch.empty(dq_floats + rows, dtype=torch.float32, device=q.device)
+    # on an H100 host): dQ's workspace (none when deterministic), the split blocks' dK, dV and
+    # counter (BwdTraits::kSplitFloats each), then D per query row. Freed on return, after the
+    # launch: the caching allocator reuses it in stream order.
+    dq_floats = 0 if deterministic else rows * padded_head_dim
+    split_floats = bwd_grid.split_blocks * (2 * launcher.spec.block_n * padded_head_dim + 1)
+    scratch = torch.empty(dq_floats + split_floats + rows, dtype=torch.float32, device=q.device)
     scratch_address = scratch.data_ptr()
     args = (launcher.address, launcher.error_string_address, q.data_ptr(), k.data_ptr(),
             v.data_ptr(), out.data_ptr(), dout.data_ptr(), lse.data_ptr(), dq.data_ptr(),
-            dk.data_ptr(), dv.data_ptr(), scratch_address + 4 * dq_floats,
-            0 if deterministic else scratch_address,
+            dk.data_ptr(), dv.data_ptr(), scratch_address + 4 * (dq_floats + split_floats),
+            0 if deterministic else scratch_address, scratch_address + 4 * dq_floats,
             *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
             *dout.stride()[:3], *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
             batch, heads, k.shape[2], seqlen_q, k.shape[1], scale, scale * _LOG2_E, causal_offset,
-            sorted_tail_blocks)
+            *bwd_grid)
     forward.call_on_device(loader.binding().bwd, q.get_device(), args)
 
 
-def grid_order(spec, q, k) -> int:
-    """BwdParams.sorted_tail_blocks for the backward kernel `spec` on (batch, seq, heads, dim)
-    views q and k (schedule.py)."""
+def grid(spec, q, k, deterministic: bool) -> schedule.BwdGrid:
+    """The grids of the backward kernel `spec` on (batch, seq, heads, dim) views q and k
+    (schedule.py)."""
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads // heads_kv
     sm_count, l2_bytes = _device_resources(q.get_device())
-    dq_bytes = heads // heads_kv * seqlen_q * resources.padded_head_dim(head_dim) * 4
-    return schedule.sorted_tail_blocks(spec.causal, -(-seqlen_k // spec.block_n),
-                                       batch * heads_kv, dq_bytes, sm_count, l2_bytes)
+    key_blocks = -(-seqlen_k // spec.block_n)
+    dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
+    sorted_tail_blocks = schedule.sorted_tail_blocks(spec.causal, key_blocks, batch * heads_kv,
+                                                     dq_bytes, sm_count, l2_bytes)
+    steps = group * -(-seqlen_q // spec.block_m)  # a key block's steps without causal masking
+    split = schedule.split_tail(spec.causal, deterministic, key_blocks * batch * heads_kv, steps,
+                                sm_count)
+    return schedule.BwdGrid(sorted_tail_blocks, *split)
 
 
 @functools.cache

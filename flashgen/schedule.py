@@ -32,13 +32,35 @@ same process, 2 to 6 runs a cell): +1 to +6.5% at hd128 2k-4k, -1 to +7% at hd64
 +2-4%), as long as the tail's (batch, head)s keep their dQ workspace within SORTED_TAIL_L2_SHARE of
 L2 (36 MiB of the H100's 50 at hd128 8k and hd256 4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost
 up to 6%, so there the grid stays (batch, head)-major.
+
+Without causal masking the backward's blocks are equal, and a grid of B blocks on S SMs (one
+block each) ends with a last wave of B mod S blocks running alone: at head dim 64 the benchmark's
+4096 blocks make 31.03 waves on an H100, so 4 SMs work through a 32nd block while 128 wait, 3%
+of the call (FlashAttention-2's grid has the same tail). The last wave's blocks run split
+instead (split_tail): each into `splits` pieces that share out its steps and sum their dK and dV
+through an fp32 workspace, so that the tail takes ceil(last_wave * splits / S) rounds of
+steps / splits steps each, plus a piece's own cost (SPLIT_PIECE_STEPS: loading K, V and its first
+Q/dO tile, adding its dK and dV). Sums in an order that varies, so not on the deterministic path.
+Under causal masking the sorted tail already ends the grid on short blocks.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 CAUSAL_RANKS_PER_ROUND = 2
 SORTED_TAIL_WAVES = 4
 SORTED_TAIL_L2_SHARE = 0.75
+SPLIT_PIECE_STEPS = 2
+MAX_SPLITS = 8
+
+
+class BwdGrid(NamedTuple):
+    """The backward grids' run-time arguments (BwdParams, block_order.cuh): their order, and the
+    dK/dV grid's split blocks."""
+    sorted_tail_blocks: int = 0
+    split_blocks: int = 0
+    splits: int = 1
 
 
 def ranks_per_round(causal: bool, ranks: int) -> int:
@@ -63,3 +85,20 @@ def sorted_tail_blocks(causal: bool, key_blocks: int, batch_heads: int,
     if tail_batch_heads * dq_bytes_per_batch_head > SORTED_TAIL_L2_SHARE * l2_bytes:
         return 0
     return blocks
+
+
+def split_tail(causal: bool, deterministic: bool, blocks: int, steps: int,
+               sm_count: int) -> tuple[int, int]:
+    """(split_blocks, splits) for a dK/dV grid of `blocks` key blocks of `steps` steps each on
+    sm_count SMs: the last wave's blocks, in as many pieces (at most MAX_SPLITS) as end the grid
+    soonest by the model above, fewer on a tie; (0, 1) for no split."""
+    last_wave = blocks % sm_count
+    if causal or deterministic or last_wave == 0:
+        return 0, 1
+
+    def tail_steps(splits: int) -> int:
+        piece_steps = -(-steps // splits) + (SPLIT_PIECE_STEPS if splits > 1 else 0)
+        return -(-last_wave * splits // sm_count) * piece_steps
+
+    splits = min(range(1, MAX_SPLITS + 1), key=tail_steps)
+    return (last_wave, splits) if splits > 1 else (0, 1)

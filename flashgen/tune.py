@@ -84,7 +84,7 @@ def _verify_backward(spec: KernelSpec, q, k, v) -> None:
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     offset = k.shape[1] - q.shape[1]
     backward.launch(loader.launcher(spec), q, k, v, out, dout, lse, *grads,
-                    spec.head_dim ** -0.5, offset, False, backward.grid_order(spec, q, k))
+                    spec.head_dim ** -0.5, offset, False, backward.grid(spec, q, k, False))
     expected, same_dtype = (_reference_grads(q, k, v, dout, spec.causal, upcast)
                             for upcast in (True, False))
     for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
@@ -163,11 +163,10 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
                                                return_attn_probs=True)[:2], torch.randn_like(q))
                     for q, k, v in inputs]
 
-        sorted_tail_blocks = backward.grid_order(spec, *inputs[0][:2])
+        bwd_grid = backward.grid(spec, *inputs[0][:2], False)
 
         def candidate(q, k, v, out, lse, dout):
-            backward.launch(launcher, q, k, v, out, dout, lse, *grads, scale, 0, False,
-                            sorted_tail_blocks)
+            backward.launch(launcher, q, k, v, out, dout, lse, *grads, scale, 0, False, bwd_grid)
 
     mode = spec.direction
     flops = bench.mode_flops(mode, batch, heads, seqlen, seqlen, spec.head_dim, spec.causal)

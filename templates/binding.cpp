@@ -77,18 +77,18 @@ auto fwd_fields(flashgen::FwdParams& p) {
                         std::tie(p.ranks_per_round));
 }
 
-// BwdParams' fields in the order bwd takes them, likewise, then the grids' order. dq_accum 0
-// selects the deterministic path.
+// BwdParams' fields in the order bwd takes them, likewise, then the grids' order and split.
+// dq_accum 0 selects the deterministic path.
 auto bwd_fields(flashgen::BwdParams& p) {
   return std::tuple_cat(
       std::tie(p.q, p.k, p.v, p.o, p.dout, p.softmax_lse, p.dq, p.dk, p.dv, p.softmax_d,
-               p.dq_accum),
+               p.dq_accum, p.dkv_accum),
       qkvo_strides(p),
       std::tie(p.do_batch_stride, p.do_row_stride, p.do_head_stride,
                p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
                p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
                p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
-      problem(p), std::tie(p.sorted_tail_blocks));
+      problem(p), std::tie(p.sorted_tail_blocks, p.split_blocks, p.splits));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ import math
 import os
 import re
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,7 +23,7 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no host C++ compiler to build the binding", allow_module_level=True)
 
 from codegen import build, paths, resources  # noqa: E402
-from flashgen import backward, forward, loader  # noqa: E402
+from flashgen import backward, forward, loader, schedule  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
 
@@ -47,9 +48,11 @@ class FwdParams(ctypes.Structure):
 class BwdParams(ctypes.Structure):
     """params.h's BwdParams, field by field."""
     _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "softmax_lse",
-                                                       "dq", "dk", "dv", "softmax_d", "dq_accum")]
+                                                       "dq", "dk", "dv", "softmax_d", "dq_accum",
+                                                       "dkv_accum")]
                 + stride_fields("q", "k", "v", "o", "do", "dq", "dk", "dv") + SIZE_FIELDS
-                + SCALE_FIELDS + [("sorted_tail_blocks", ctypes.c_int)])
+                + SCALE_FIELDS + [(name, ctypes.c_int) for name in ("sorted_tail_blocks",
+                                                                    "split_blocks", "splits")])
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +68,12 @@ def built_binding(tmp_path_factory):
 
 class RecordingLauncher:
     """A loader.Launcher stand-in whose address calls back into Python: keeps a copy of the params
-    and the stream of each launch, and returns `error` (0: success)."""
+    and the stream of each launch, and returns `error` (0: success). `spec`: the KernelSpec
+    fields the caller reads."""
 
-    def __init__(self, params_type, error: int = 0):
+    def __init__(self, params_type, error: int = 0, **spec):
         self.launches = []
+        self.spec = SimpleNamespace(**spec)
 
         def launch(params, stream):
             self.launches.append((params_type.from_buffer_copy(params.contents), stream))
@@ -149,7 +154,8 @@ def test_the_ctypes_structures_mirror_params_h(params_type):
 # Sizes, causal offset and grid orders all different, so that no field passes with another's
 # value.
 BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
-SORTED_TAIL_BLOCKS = 11
+BWD_GRID = schedule.BwdGrid(sorted_tail_blocks=11, split_blocks=3, splits=5)
+BLOCK_N = 128
 Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
 LSE_SHAPE = (BATCH, HEADS, SEQLEN_Q)
 
@@ -191,22 +197,25 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
               "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
     tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
     lse = torch.empty(LSE_SHAPE)
-    launcher = RecordingLauncher(BwdParams)
+    launcher = RecordingLauncher(BwdParams, block_n=BLOCK_N)
     workspaces = record_empty(monkeypatch)
     backward.launch(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
                     tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
-                    CAUSAL_OFFSET, deterministic, SORTED_TAIL_BLOCKS)
+                    CAUSAL_OFFSET, deterministic, BWD_GRID)
     ((params, stream),) = launcher.launches
     assert stream == 77
-    # One fp32 scratch: dQ's workspace (rows x padded head dim, none when deterministic), then D.
+    # One fp32 scratch: dQ's workspace (rows x padded head dim, none when deterministic), the
+    # split blocks' dK, dV and counter (BwdTraits::kSplitFloats each), then D.
     (scratch,) = workspaces
     rows = math.prod(LSE_SHAPE)
     dq_floats = 0 if deterministic else rows * resources.padded_head_dim(64)
-    assert (scratch.shape, scratch.dtype) == ((dq_floats + rows,), torch.float32)
+    split_floats = BWD_GRID.split_blocks * (2 * BLOCK_N * 64 + 1)
+    assert (scratch.shape, scratch.dtype) == ((dq_floats + split_floats + rows,), torch.float32)
     assert fields(params) == {
         **tensor_fields(**tensors), "softmax_lse": lse.data_ptr(),
-        "softmax_d": scratch.data_ptr() + 4 * dq_floats,
+        "softmax_d": scratch.data_ptr() + 4 * (dq_floats + split_floats),
         # ctypes reads a null pointer as None
         "dq_accum": None if deterministic else scratch.data_ptr(),
+        "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
         **problem_fields(tensors["q"], tensors["k"], 0.125, CAUSAL_OFFSET),
-        "sorted_tail_blocks": SORTED_TAIL_BLOCKS}
+        **BWD_GRID._asdict()}

@@ -87,26 +87,30 @@ def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
     assert padded_head_dim is None
 
 
-def grid_order(backward, causal, batch, seqlen, heads, head_dim=128):
-    """backward.grid_order for the default hd128 kernel on (meta) inputs of this shape."""
+def grid(backward, causal, batch, seqlen, heads, head_dim=128, deterministic=False):
+    """backward.grid for the default hd128 kernel on (meta) inputs of this shape."""
     spec = backward._choose(0, "bf16", head_dim, causal)[0].spec
     q = torch.empty(batch, seqlen, heads, head_dim, device="meta")
-    return backward.grid_order(spec, q, q)
+    return backward.grid(spec, q, q, deterministic)
 
 
 @pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
 def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward, batch, seqlen):
-    assert grid_order(backward, True, batch, seqlen, 16) == (
-        backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
+    assert grid(backward, True, batch, seqlen, 16) == backward.schedule.BwdGrid(
+        sorted_tail_blocks=backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
 
 
 def test_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(backward):
     # 4 waves of 128 key blocks take 5 (batch, head)s: 5 x 16k x 128 x 4 bytes = 40 MiB
-    assert grid_order(backward, True, 1, 16384, 16) == 0
+    assert grid(backward, True, 1, 16384, 16) == backward.schedule.BwdGrid()
 
 
-def test_non_causal_backward_grids_are_batch_head_major(backward):
-    assert grid_order(backward, False, 8, 2048, 16) == 0  # every block does the same work
+def test_non_causal_backward_grids_split_their_last_wave(backward):
+    # every block does the same work: 8 x 16 x 16 = 2048 key blocks of 32 steps, 15.5 waves
+    bwd_grid = grid(backward, False, 8, 2048, 16)
+    assert bwd_grid.sorted_tail_blocks == 0
+    assert bwd_grid.split_blocks == 2048 % H100.multi_processor_count and bwd_grid.splits > 1
+    assert grid(backward, False, 8, 2048, 16, deterministic=True) == backward.schedule.BwdGrid()
 
 
 def test_the_backward_pads_an_unconfigured_head_dim_to_the_next_configured(backward):

@@ -28,6 +28,12 @@ extern "C" void decode_sorted_tail(int block, int ranks, int batch_heads, int ta
   out[0] = work.rank;
   out[1] = work.batch_head;
 }
+extern "C" void decode_piece(int index, int blocks, int split_blocks, int splits, int* out) {
+  const flashgen::GridPiece piece = flashgen::grid_piece(index, blocks, split_blocks, splits);
+  out[0] = piece.block;
+  out[1] = piece.piece;
+  out[2] = piece.pieces;
+}
 """
 
 
@@ -58,6 +64,30 @@ def test_the_sorted_tail_keeps_its_dq_workspace_within_l2():
     assert schedule.sorted_tail_blocks(True, 16, 256, 2 * MIB, 132, 50 * MIB) == 0  # 66 MiB
     # a grid smaller than the tail sorts all of its (batch, head)s: 4 x 2 MiB
     assert schedule.sorted_tail_blocks(True, 16, 4, 2 * MIB, 132, 50 * MIB) > 0
+
+
+def test_non_causal_backward_grids_split_their_last_wave():
+    # hd64's benchmark grid: 4096 key blocks of 128 steps, 31.03 waves on 132 SMs; 4 blocks in
+    # MAX_SPLITS pieces still fit one round
+    assert schedule.split_tail(False, False, 4096, 128, 132) == (4, schedule.MAX_SPLITS)
+    # hd128 at 16k: 2048 blocks of 256 steps leave 68; in 7 pieces, 4 rounds of 37 + 2 steps
+    # (156) against 256 whole; 3 pieces take 2 rounds of 88, 5 pieces 3 of 54
+    assert schedule.split_tail(False, False, 2048, 256, 132) == (68, 7)
+
+
+def test_a_grid_smaller_than_the_gpu_splits_every_block():
+    assert schedule.split_tail(False, False, 64, 32, 132) == (64, 2)
+
+
+@pytest.mark.parametrize("causal, deterministic, blocks, steps", [
+    (True, False, 4096, 128),   # under causal masking the sorted tail ends on short blocks
+    (False, True, 4096, 128),   # pieces add in any order
+    (False, False, 2 * 132, 128),  # whole waves
+    (False, False, 4096, 2),    # pieces would cost more than they share out
+])
+def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, deterministic,
+                                                                      blocks, steps):
+    assert schedule.split_tail(causal, deterministic, blocks, steps, 132) == (0, 1)
 
 
 def test_a_spec_has_a_rank_per_query_block():
@@ -150,3 +180,27 @@ def test_a_sorted_tail_takes_whole_batch_heads(block_work_sorted_tail):
     # 3 blocks in the tail need 2 of the 3 (batch, head)s of 2 ranks
     assert order(block_work_sorted_tail, 2, 3, 3) == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1),
                                                       (1, 2)]
+
+
+@pytest.fixture(scope="module")
+def grid_piece(decoder):
+    def piece(index, blocks, split_blocks, splits):
+        out = (ctypes.c_int * 3)()
+        decoder.decode_piece(index, blocks, split_blocks, splits, out)
+        return tuple(out)
+
+    return piece
+
+
+@pytest.mark.parametrize("blocks, split_blocks, splits", [(10, 0, 1), (10, 3, 4), (10, 10, 2),
+                                                          (7, 2, 1), (1, 1, 8)])
+def test_split_blocks_run_as_pieces_after_the_whole_ones(grid_piece, blocks, split_blocks,
+                                                         splits):
+    pieces = splits if split_blocks and splits > 1 else 1
+    grid_size = blocks + (split_blocks * (splits - 1) if pieces > 1 else 0)
+    visited = [grid_piece(index, blocks, split_blocks, splits) for index in range(grid_size)]
+    whole = blocks - split_blocks if pieces > 1 else blocks
+    assert visited[:whole] == [(block, 0, 1) for block in range(whole)]
+    # piece-major: piece 0 of every split block, then piece 1, ...
+    assert visited[whole:] == [(block, piece, pieces) for piece in range(pieces)
+                               for block in range(whole, blocks)]

@@ -1,6 +1,7 @@
 """The grids' order (flashgen/schedule.py, block_order.cuh) decides which block runs when, never
 what it computes: under causal masking every order gives the same bits (the backward's dQ
 only where it is deterministic: atomics add in any order), and they match the fp32 reference.
+Split key blocks sum their pieces in fp32, in any order: their gradients match the reference.
 Outputs are poisoned (NaN) before each call."""
 
 from __future__ import annotations
@@ -86,6 +87,47 @@ def test_every_backward_order_gives_the_same_gradients(backward_order, head_dim,
         assert torch.equal(other_dq, dq) or not deterministic
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=True,
+                                                              upcast=upcast)[0], leaves, dout)
+                            for upcast in (True, False))
+    for grads in results:
+        for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
+            assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)
+
+
+# The dK/dV grid's split blocks (split_blocks, splits): none; all in 3 pieces; the last 5 in 2;
+# all in 40 pieces, more than a block has steps (empty pieces add zeros).
+SPLITS = [(0, 1), (10**6, 3), (5, 2), (10**6, 40)]
+
+
+@pytest.fixture
+def backward_split(monkeypatch):
+    """Sets the dK/dV grid's split (until the test ends), capped at the grid's blocks."""
+    def use(split_blocks: int, splits: int):
+        monkeypatch.setattr(schedule, "split_tail",
+                            lambda _causal, _deterministic, blocks, _steps, _sm_count:
+                            (min(split_blocks, blocks), splits))
+
+    return use
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
+def test_split_key_blocks_give_the_reference_gradients(backward_split, head_dim, shape, causal):
+    batch, seqlen_q, seqlen_k, heads, heads_kv = shape
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    dout = torch.randn_like(q)
+    out = flash_attn_func(q, k, v, causal=causal)
+    results = []
+    for split in SPLITS:
+        backward_split(*split)
+        results.append(torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=causal,
                                                               upcast=upcast)[0], leaves, dout)
                             for upcast in (True, False))
     for grads in results:

@@ -1,6 +1,6 @@
 // Which block of work a thread block of a 1-D grid runs. Python chooses the order
 // (flashgen/schedule.py); this only decodes it. block_work orders the forward's grid,
-// block_work_sorted_tail the backward's.
+// block_work_sorted_tail and grid_piece the backward's.
 //
 // Each (batch, head) has `ranks` blocks of work, rank 0 the longest (the forward's last query
 // block under causal masking). The GPU starts thread blocks in index order as SMs free up, so a
@@ -45,6 +45,26 @@ __host__ __device__ __forceinline__ BlockWork block_work_sorted_tail(int block, 
   if (block < head_blocks) return {block % ranks, block / ranks};
   const BlockWork work = block_work(block - head_blocks, ranks, tail, 1);
   return {work.rank, batch_heads - tail + work.batch_head};
+}
+
+// The dK/dV grid with its last split_blocks blocks split into `splits` pieces each, which share
+// out the block's steps. Equal blocks on S SMs leave a last wave of blocks % S blocks running
+// alone: 4 of 132 SMs busy for a whole block at head dim 64 (4096 blocks, 31.03 waves). Run as
+// pieces, the same work spreads over the idle SMs (flashgen/schedule.py decides). Whole blocks
+// come first, in their order; then piece 0 of every split block, piece 1, ..., so that pieces
+// running together walk the same query blocks, as whole blocks of one (batch, head) do.
+struct GridPiece {
+  int block;   // index in the grid without splits (block_work_sorted_tail decodes it)
+  int piece;   // 0 <= piece < pieces
+  int pieces;  // 1: a whole block
+};
+
+__host__ __device__ __forceinline__ GridPiece grid_piece(int index, int blocks, int split_blocks,
+                                                         int splits) {
+  const int whole_blocks = blocks - split_blocks;
+  if (index < whole_blocks || splits < 2) return {index, 0, 1};
+  const int in_tail = index - whole_blocks;
+  return {whole_blocks + in_tail % split_blocks, in_tail / split_blocks, splits};
 }
 
 }  // namespace flashgen

@@ -4,7 +4,9 @@
 // shared memory; the block walks every query block of every query head that shares this KV head
 // (GQA: dK and dV come out summed, no expanded copies), Q and dO streaming through a ring of
 // q_stages cp.async buffers. dK and dV accumulate in registers. Each step's dQ contribution is
-// added to an fp32 workspace with atomics, unless the deterministic path is asked for.
+// added to an fp32 workspace with atomics, unless the deterministic path is asked for. A split
+// key block (grid_piece) runs as pieces, each a share of its steps, whose dK and dV meet in
+// another fp32 workspace; the last piece to finish writes them.
 //
 // bwd_dq_kernel (deterministic path): one thread block per (batch, head, block of block_m
 // queries) walks the key blocks and accumulates dQ in registers, in a fixed order.
@@ -88,6 +90,47 @@ __device__ __forceinline__ void add_to_workspace(float* workspace, Acc const& ac
   }
 }
 
+// acc = an fp32 (rows, kRowStride) workspace's values at the accumulator's coordinates, read from
+// L2 (other thread blocks wrote them).
+template <int kRowStride, class Acc, class Coords>
+__device__ __forceinline__ void load_from_workspace(Acc& acc, const float* workspace,
+                                                    Coords const& coords) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {
+    const float* address = workspace + get<0>(coords(i)) * kRowStride + get<1>(coords(i));
+    const float2 value = __ldcg(reinterpret_cast<const float2*>(address));
+    acc(i) = value.x;
+    acc(i + 1) = value.y;
+  }
+}
+
+// One piece of split key block `split_block`: adds its dK and dV into the block's fp32 workspace
+// and counts itself done. Returns true in the piece that counts last, with the block's summed dK
+// and dV now in acc_dk and acc_dv; the others are finished.
+template <class Traits, class TiledMma, class Acc>
+__device__ __forceinline__ bool sum_pieces(const BwdParams& p, int split_block, int pieces,
+                                           TiledMma const& mma, int tid, Acc& acc_dk,
+                                           Acc& acc_dv) {
+  constexpr int kHeadDimPadded = Traits::kHeadDimPadded;
+  constexpr int kTileFloats = Traits::kBlockN * kHeadDimPadded;
+  float* dk_accum = p.dkv_accum + int64_t(split_block) * 2 * kTileFloats;
+  float* dv_accum = dk_accum + kTileFloats;
+  int* done = reinterpret_cast<int*>(p.dkv_accum + int64_t(p.split_blocks) * 2 * kTileFloats);
+  auto coords = mma.get_thread_slice(tid).partition_C(
+      make_identity_tensor(Shape<Int<Traits::kBlockN>, Int<kHeadDimPadded>>{}));
+  add_to_workspace<Traits::kHeadDim, kHeadDimPadded, true>(dk_accum, acc_dk, coords, 0, 0);
+  add_to_workspace<Traits::kHeadDim, kHeadDimPadded, true>(dv_accum, acc_dv, coords, 0, 0);
+  __threadfence();  // every thread's adds are visible before the count
+  __syncthreads();
+  int last = 0;
+  if (tid == 0) last = atomicAdd(done + split_block, 1) == pieces - 1;
+  if (!__syncthreads_or(last)) return false;
+  __threadfence();  // and the other pieces' adds before the reads
+  load_from_workspace<kHeadDimPadded>(acc_dk, dk_accum, coords);
+  load_from_workspace<kHeadDimPadded>(acc_dv, dv_accum, coords);
+  return true;
+}
+
 // acc (an mma accumulator of a (block_m, head_dim) tile) -> the fp32 staging rows, then fenced
 // so that the bulk adds issued after the next barrier see them.
 template <int kRowStride, class Acc, class Coords>
@@ -117,8 +160,10 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
 
   // Rank r is key block r: under causal masking the first key block sees the most queries.
   const int num_n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  const BlockWork work = block_work_sorted_tail(int(blockIdx.x), num_n_blocks,
-                                                p.batch * p.heads_kv, p.sorted_tail_blocks);
+  const int blocks = num_n_blocks * p.batch * p.heads_kv;
+  const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
+  const BlockWork work = block_work_sorted_tail(piece.block, num_n_blocks, p.batch * p.heads_kv,
+                                                p.sorted_tail_blocks);
   const int n_block = work.rank;
   const int batch_head_kv = work.batch_head;
   const int batch = batch_head_kv / p.heads_kv;
@@ -127,11 +172,13 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
 
   // Query blocks that see a key of this block: all, or under causal masking those from the
   // first row whose diagonal reaches the block's first key. Steps run over (query head in the
-  // group, query block); none left means dK = dV = 0.
+  // group, query block); none left means dK = dV = 0. A piece runs its share of them.
   const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int m_block_min = kCausal ? max(0, n_block * kBlockN - p.causal_offset) / kBlockM : 0;
   const int m_steps = max(0, num_m_blocks - m_block_min);
   const int steps = group * m_steps;
+  const int step_begin = piece.piece * steps / piece.pieces;
+  const int step_end = (piece.piece + 1) * steps / piece.pieces;
   const int kv_rows = p.seqlen_k - n_block * kBlockN;
 
   Tensor gK = local_tile(head_rows<Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride,
@@ -195,7 +242,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
                             kv_rows);
   copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gV), gmem_thr.partition_D(sV), tKVcKV,
                             kv_rows);
-  if (steps > 0) load_q_do(0, 0);
+  if (step_begin < step_end) load_q_do(step_begin, step_begin % kQStages);
   cp_async_fence();
 
   // dV += P^T dO and dK += dS^T Q: A transposed from P / dS, B transposed from dO / Q.
@@ -247,16 +294,16 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // moved, +4%: notes/perf.md). Bulk adds leave through the copy engine: there the loads stay at the top,
   // with the whole step to land.
   auto load_next_q_do = [&](int step) {
-    if (kQStages == 2 && step + 1 < steps) {
+    if (kQStages == 2 && step + 1 < step_end) {
       load_q_do(step + 1, (step + 1) % kQStages);
       cp_async_fence();
     }
   };
 
   CUTE_NO_UNROLL
-  for (int step = 0; step < steps; ++step) {
+  for (int step = step_begin; step < step_end; ++step) {
     const int stage = kQStages == 1 ? 0 : step % kQStages;
-    if (kQStages == 1 && step > 0) {
+    if (kQStages == 1 && step > step_begin) {
       __syncthreads();  // every warp is done with the previous step's Q and dO
       load_q_do(step, 0);
       cp_async_fence();
@@ -304,20 +351,24 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     }
   }
 
-  // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were.
+  // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were;
+  // of a split block's pieces, only the last to finish writes them, summed.
   cp_async_wait<0>();
   __syncthreads();
   if constexpr (Traits::kDqBulkReduce) add_staged_dq();
-  Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
-                                                           p.dk_row_stride, p.dk_head_stride,
-                                                           batch, head_kv, p.seqlen_k),
-                          TileKV{}, make_coord(n_block, 0));
-  Tensor gdV = local_tile(head_rows_mut<Element, kHeadDim>(p.dv, p.dv_batch_stride,
-                                                           p.dv_row_stride, p.dv_head_stride,
-                                                           batch, head_kv, p.seqlen_k),
-                          TileKV{}, make_coord(n_block, 0));
-  store_tile<Traits>(mma_dkv, tid, acc_dk, p.softmax_scale, sK, gdK, kv_rows);
-  store_tile<Traits>(mma_dkv, tid, acc_dv, 1.f, sV, gdV, kv_rows);
+  if (piece.pieces == 1 || sum_pieces<Traits>(p, piece.block - (blocks - p.split_blocks),
+                                              piece.pieces, mma_dkv, tid, acc_dk, acc_dv)) {
+    Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
+                                                             p.dk_row_stride, p.dk_head_stride,
+                                                             batch, head_kv, p.seqlen_k),
+                            TileKV{}, make_coord(n_block, 0));
+    Tensor gdV = local_tile(head_rows_mut<Element, kHeadDim>(p.dv, p.dv_batch_stride,
+                                                             p.dv_row_stride, p.dv_head_stride,
+                                                             batch, head_kv, p.seqlen_k),
+                            TileKV{}, make_coord(n_block, 0));
+    store_tile<Traits>(mma_dkv, tid, acc_dk, p.softmax_scale, sK, gdK, kv_rows);
+    store_tile<Traits>(mma_dkv, tid, acc_dv, 1.f, sV, gdV, kv_rows);
+  }
   // The last adds read their staging rows while dK and dV leave; shared memory must outlive the
   // reads, not the adds, whose results the next kernel in the stream sees.
   if constexpr (Traits::kDqBulkReduce) {

@@ -1,5 +1,6 @@
 // Host side of one backward specialisation: D, then dK/dV (and dQ by atomics into the fp32
-// workspace, then converted), or on the deterministic path dK/dV then a dQ kernel.
+// workspace, then converted), or on the deterministic path dK/dV then a dQ kernel. The dK/dV
+// grid has a thread block per key block, plus splits - 1 more per split block.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,10 +23,15 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                            kDRowsPerBlock<kHeadDim> * p.batch * p.heads;
   const int64_t n_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                            p.batch * p.heads_kv;
+  if (p.split_blocks < 0 || p.split_blocks > n_blocks || p.splits < 1) {
+    return cudaErrorInvalidValue;
+  }
+  const bool split = p.split_blocks > 0 && p.splits > 1;
+  const int64_t dkdv_blocks = n_blocks + (split ? int64_t(p.split_blocks) * (p.splits - 1) : 0);
   const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM *
                            p.batch * p.heads;
   const int64_t convert_blocks = (rows * (kHeadDim / 8) + kAuxThreads - 1) / kAuxThreads;
-  for (int64_t blocks : {d_blocks, n_blocks, m_blocks, convert_blocks}) {
+  for (int64_t blocks : {d_blocks, dkdv_blocks, m_blocks, convert_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
   // D first: the GPU starts on it while the host sets up the rest.
@@ -34,12 +40,18 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(dkdv, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
+  if (split) {  // the split blocks' dK and dV, then their counters (BwdParams.dkv_accum)
+    const size_t bytes = size_t(p.split_blocks) * Traits::kSplitFloats * sizeof(float);
+    if (cudaError_t err = cudaMemsetAsync(p.dkv_accum, 0, bytes, stream); err != cudaSuccess) {
+      return err;
+    }
+  }
   if (p.dq_accum == nullptr) {  // deterministic: dK/dV, then dQ by its own kernel
     auto dq = bwd_dq_kernel<Traits, kCausal>;
     if (cudaError_t err = opt_in_shared_memory(dq, Traits::kSmemBytes); err != cudaSuccess) {
       return err;
     }
-    dkdv<<<unsigned(n_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+    dkdv<<<unsigned(dkdv_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   }
@@ -47,7 +59,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
     return err;
   }
-  dkdv<<<unsigned(n_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  dkdv<<<unsigned(dkdv_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   dq_convert_kernel<Element, kHeadDim, Traits::kHeadDimPadded>
       <<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();

@@ -72,6 +72,10 @@ struct BwdTraits {
   static constexpr int kDqStagingFloats = kDqBulkReduce ? kBlockM * kDqRowStride : 0;
   static_assert(!kDqBulkReduce || kBlockM <= kThreads, "one thread adds each staged row");
 
+  // A split key block's fp32 workspace (BwdParams.dkv_accum): its dK and dV tiles and, after
+  // every block's tiles, its counter. flashgen/backward.py sizes it alike.
+  static constexpr int kSplitFloats = 2 * kBlockN * kHeadDimPadded + 1;
+
   // The step in two copies, masked and not (codegen/resources.py, splits_masked_step).
   static constexpr bool kSplitMaskedStep = kSplitMaskedStep_;
 

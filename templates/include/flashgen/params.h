@@ -45,6 +45,10 @@ struct BwdParams {
   // key blocks add their dq contributions to with atomics; nullptr selects the deterministic
   // path (a second kernel computes dq per query block, no atomics).
   float* dq_accum;
+  // (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher, where the
+  // pieces of each split key block add their dK and dV, then split_blocks int counters of the
+  // pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0.
+  float* dkv_accum;
 
   int64_t q_batch_stride, q_row_stride, q_head_stride;
   int64_t k_batch_stride, k_row_stride, k_head_stride;
@@ -59,6 +63,9 @@ struct BwdParams {
   float softmax_scale, scale_log2;
   int causal_offset;  // as in FwdParams
   int sorted_tail_blocks;  // the grids' order (block_work_sorted_tail, flashgen/schedule.py)
+  // The dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each piece a
+  // share of the block's steps (grid_piece, flashgen/schedule.py). Not on the deterministic path.
+  int split_blocks, splits;
 };
 
 }  // namespace flashgen
