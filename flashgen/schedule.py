@@ -41,7 +41,11 @@ instead (split_tail): each into `splits` pieces that share out its steps and sum
 through an fp32 workspace, so that the tail takes ceil(last_wave * splits / S) rounds of
 steps / splits steps each, plus a piece's own cost (SPLIT_PIECE_STEPS: loading K, V and its first
 Q/dO tile, adding its dK and dV). Sums in an order that varies, so not on the deterministic path.
-Under causal masking the sorted tail already ends the grid on short blocks.
+Under causal masking the sorted tail already ends the grid on short blocks. Measured on an H100
+(bf16 and fp16, split against whole in one process, 2-4 runs a cell, notes/perf.md "Session 10"):
++1.5 to +5.5% at hd64 2k-16k (pieces of 2-16 steps), +0.5 to +2.6% at hd128 and hd256 8k-16k,
+-2 to +2% at hd128 2k-4k; pieces of one step gained at most 0.8% (hd64 1k) or lost up to 1%
+(hd64 512), so a piece gets at least MIN_PIECE_STEPS.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ CAUSAL_RANKS_PER_ROUND = 2
 SORTED_TAIL_WAVES = 4
 SORTED_TAIL_L2_SHARE = 0.75
 SPLIT_PIECE_STEPS = 2
+MIN_PIECE_STEPS = 2
 MAX_SPLITS = 8
 
 
@@ -90,8 +95,9 @@ def sorted_tail_blocks(causal: bool, key_blocks: int, batch_heads: int,
 def split_tail(causal: bool, deterministic: bool, blocks: int, steps: int,
                sm_count: int) -> tuple[int, int]:
     """(split_blocks, splits) for a dK/dV grid of `blocks` key blocks of `steps` steps each on
-    sm_count SMs: the last wave's blocks, in as many pieces (at most MAX_SPLITS) as end the grid
-    soonest by the model above, fewer on a tie; (0, 1) for no split."""
+    sm_count SMs: the last wave's blocks, in as many pieces (at most MAX_SPLITS, each of at least
+    MIN_PIECE_STEPS steps) as end the grid soonest by the model above, fewer on a tie; (0, 1) for
+    no split."""
     last_wave = blocks % sm_count
     if causal or deterministic or last_wave == 0:
         return 0, 1
@@ -100,5 +106,6 @@ def split_tail(causal: bool, deterministic: bool, blocks: int, steps: int,
         piece_steps = -(-steps // splits) + (SPLIT_PIECE_STEPS if splits > 1 else 0)
         return -(-last_wave * splits // sm_count) * piece_steps
 
-    splits = min(range(1, MAX_SPLITS + 1), key=tail_steps)
+    most_splits = max(1, min(MAX_SPLITS, steps // MIN_PIECE_STEPS))
+    splits = min(range(1, most_splits + 1), key=tail_steps)
     return (last_wave, splits) if splits > 1 else (0, 1)

@@ -75,6 +75,10 @@ def test_non_causal_backward_grids_split_their_last_wave():
     assert schedule.split_tail(False, False, 2048, 256, 132) == (68, 7)
 
 
+def test_pieces_keep_at_least_their_minimum_of_steps():
+    assert schedule.split_tail(False, False, 4096, 8, 132) == (4, 8 // schedule.MIN_PIECE_STEPS)
+
+
 def test_a_grid_smaller_than_the_gpu_splits_every_block():
     assert schedule.split_tail(False, False, 64, 32, 132) == (64, 2)
 
@@ -84,6 +88,7 @@ def test_a_grid_smaller_than_the_gpu_splits_every_block():
     (False, True, 4096, 128),   # pieces add in any order
     (False, False, 2 * 132, 128),  # whole waves
     (False, False, 4096, 2),    # pieces would cost more than they share out
+    (False, False, 4096, 4),    # pieces of MIN_PIECE_STEPS tie with the whole blocks
 ])
 def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, deterministic,
                                                                       blocks, steps):
