@@ -64,11 +64,9 @@ def backward_order(monkeypatch):
     return use
 
 
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
-@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
-def test_every_backward_order_gives_the_same_gradients(backward_order, head_dim, shape,
-                                                       deterministic):
+def checked_gradients(use, choices, head_dim, shape, causal, deterministic=False) -> list:
+    """The gradients of one forward's output, one backward per choice (use(choice) first), each
+    checked against the fp32 reference."""
     batch, seqlen_q, seqlen_k, heads, heads_kv = shape
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                     requires_grad=True)
@@ -76,22 +74,31 @@ def test_every_backward_order_gives_the_same_gradients(backward_order, head_dim,
                     requires_grad=True)
     v = torch.randn_like(k, requires_grad=True)
     dout = torch.randn_like(q)
-    out = flash_attn_func(q, k, v, causal=True, deterministic=deterministic)
+    out = flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     results = []
-    for tail_blocks in SORTED_TAILS:
-        backward_order(tail_blocks)
+    for choice in choices:
+        use(choice)
         results.append(torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-    (dq, dk, dv), *others = results
-    for other_dq, other_dk, other_dv in others:  # each key block writes its own dK and dV
-        assert torch.equal(other_dk, dk) and torch.equal(other_dv, dv)
-        assert torch.equal(other_dq, dq) or not deterministic
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=True,
+    expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=causal,
                                                               upcast=upcast)[0], leaves, dout)
                             for upcast in (True, False))
     for grads in results:
         for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
             assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)
+    return results
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "deterministic"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
+def test_every_backward_order_gives_the_same_gradients(backward_order, head_dim, shape,
+                                                       deterministic):
+    (dq, dk, dv), *others = checked_gradients(backward_order, SORTED_TAILS, head_dim, shape,
+                                              True, deterministic)
+    for other_dq, other_dk, other_dv in others:  # each key block writes its own dK and dV
+        assert torch.equal(other_dk, dk) and torch.equal(other_dv, dv)
+        assert torch.equal(other_dq, dq) or not deterministic
 
 
 # The dK/dV grid's split blocks (split_blocks, splits): none; all in 3 pieces; the last 5 in 2;
@@ -101,8 +108,10 @@ SPLITS = [(0, 1), (10**6, 3), (5, 2), (10**6, 40)]
 
 @pytest.fixture
 def backward_split(monkeypatch):
-    """Sets the dK/dV grid's split (until the test ends), capped at the grid's blocks."""
-    def use(split_blocks: int, splits: int):
+    """Sets the dK/dV grid's split, (split_blocks, splits) capped at the grid's blocks (until
+    the test ends)."""
+    def use(split: tuple[int, int]):
+        split_blocks, splits = split
         monkeypatch.setattr(schedule, "split_tail",
                             lambda _causal, _deterministic, blocks, _steps, _sm_count:
                             (min(split_blocks, blocks), splits))
@@ -114,22 +123,4 @@ def backward_split(monkeypatch):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
 def test_split_key_blocks_give_the_reference_gradients(backward_split, head_dim, shape, causal):
-    batch, seqlen_q, seqlen_k, heads, heads_kv = shape
-    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16,
-                    requires_grad=True)
-    k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=torch.bfloat16,
-                    requires_grad=True)
-    v = torch.randn_like(k, requires_grad=True)
-    dout = torch.randn_like(q)
-    out = flash_attn_func(q, k, v, causal=causal)
-    results = []
-    for split in SPLITS:
-        backward_split(*split)
-        results.append(torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    expected, same_dtype = (torch.autograd.grad(attention_ref(*leaves, causal=causal,
-                                                              upcast=upcast)[0], leaves, dout)
-                            for upcast in (True, False))
-    for grads in results:
-        for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
-            assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)
+    checked_gradients(backward_split, SPLITS, head_dim, shape, causal)
