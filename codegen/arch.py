@@ -1,4 +1,5 @@
-"""What flashgen knows about each GPU architecture it can target."""
+"""What flashgen knows about each GPU architecture it can target. Which kernels run there is the
+families' business (codegen/families/)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Arch:
     name: str           # "sm_90"
-    family: str         # which kernel templates it runs: "sm80" (mma.sync + cp.async)
     smem_limit: int     # bytes of shared memory one block may opt in to
     max_registers: int  # per thread
     bulk_reduce: bool = False  # cp.reduce.async.bulk: the copy engine adds shared to global
@@ -24,14 +24,13 @@ class Arch:
         return int(cc[:-1]), int(cc[-1])
 
 
-# Hopper runs the sm80 family (mma.sync) until a wgmma + TMA family exists.
 ARCHS = {
     a.name: a
     for a in (
-        Arch("sm_80", "sm80", smem_limit=166912, max_registers=255),
-        Arch("sm_86", "sm80", smem_limit=101376, max_registers=255),
-        Arch("sm_89", "sm80", smem_limit=101376, max_registers=255),
-        Arch("sm_90", "sm80", smem_limit=232448, max_registers=255, bulk_reduce=True),
+        Arch("sm_80", smem_limit=166912, max_registers=255),
+        Arch("sm_86", smem_limit=101376, max_registers=255),
+        Arch("sm_89", smem_limit=101376, max_registers=255),
+        Arch("sm_90", smem_limit=232448, max_registers=255, bulk_reduce=True),
     )
 }
 

@@ -127,8 +127,12 @@ def source_key(spec: KernelSpec) -> str:
     """Everything that determines the binary except the compiler."""
     source = render_spec(spec)
     parts = [source, headers_digest(source), cutlass_version(), " ".join(NVCC_FLAGS),
-             ARCHS[spec.arch].gencode]
+             gencode(spec)]
     return _sha256("\0".join(parts).encode())
+
+
+def gencode(spec: KernelSpec) -> str:
+    return spec.family_record.gencode(ARCHS[spec.arch])
 
 
 def entry_key(spec: KernelSpec, nvcc: str) -> str:
@@ -288,7 +292,7 @@ def _build_arch(arch, specs, nvcc_bin, nvcc, jobs, objects_only, log) -> list[En
             source.write_text(render_spec(spec))
             targets.append(ninja.KernelTarget(
                 name=spec.name, source=source, obj=build_dir / "obj" / f"{spec.name}-{key}.o",
-                lib=build_dir / "lib" / f"{spec.name}-{key}.so", gencode=ARCHS[arch].gencode))
+                lib=build_dir / "lib" / f"{spec.name}-{key}.so", gencode=gencode(spec)))
         (build_dir / "build.ninja").write_text(ninja.kernel_ninja(
             targets, nvcc_bin, NVCC_FLAGS, [paths.INCLUDE_DIR, paths.cutlass_include_dir()],
             objects_only=objects_only))

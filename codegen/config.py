@@ -1,24 +1,27 @@
-"""The config file: which kernels exist and their tile shapes (TOML -> frozen dataclasses).
+"""The config file: which kernels exist and their tiles (TOML -> frozen dataclasses).
 
 Layout of the file (see configs/default.toml):
 
     dtypes = ["fp16", "bf16"]
-    causal = [false, true]
-    [arch.sm_90.head_dim.128]
+    masks = ["none", "causal"]
+    [mma.sm_90.head_dim.128]            # family mma, arch sm_90, head dim 128: its forward tile
     block_m = 128
     block_n = 64
     warps = 4
     kv_stages = 2
-    [[arch.sm_90.head_dim.128.variants]] # optional, repeatable: more forward tiles, chosen
-    block_m = 64                         # per call by shape (flashgen/tile_choice.py)
+    [[mma.sm_90.head_dim.128.alt_tiles]] # optional, repeatable: more forward tiles, chosen per
+    block_m = 64                         # call by shape (flashgen/families/mma/tile_choice.py)
     block_n = 64
     warps = 4
     kv_stages = 2
-    [arch.sm_90.head_dim.128.backward]   # optional: the backward kernel's tile
+    [mma.sm_90.head_dim.128.backward]   # optional: the backward kernel's tile
     block_m = 64
     block_n = 128
     warps = 8
     q_stages = 2
+
+Each family (codegen/families/) says which kinds of kernel a head-dim table holds, under which
+subtable, with which keys and resource checks; this module only walks the tables.
 """
 
 from __future__ import annotations
@@ -27,57 +30,45 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen import resources
+from codegen import families
 from codegen.arch import ARCHS
+from codegen.family import Family, Kind, Tile
+from codegen.masks import MASKS
 
 DTYPES = ("fp16", "bf16")
 MAX_HEAD_DIM = 256
-# The last key is the pipeline depth of the streamed operand: K/V tiles in the forward (which
-# keeps Q), Q/dO tiles in the backward (which keeps K and V).
-FORWARD_KEYS = ("block_m", "block_n", "warps", "kv_stages")
-BACKWARD_KEYS = ("block_m", "block_n", "warps", "q_stages")
-BACKWARD_TABLE = "backward"
-VARIANTS_TABLE = "variants"
+ALT_TILES = "alt_tiles"
 
 
 class ConfigError(ValueError):
     """A config that cannot be built; the message names the key and the limit."""
 
 
-@dataclass(frozen=True, order=True)
-class Tile:
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-
-    @property
-    def suffix(self) -> str:
-        return f"m{self.block_m}n{self.block_n}w{self.warps}s{self.stages}"
+TileKey = tuple[str, str, str, int]  # (family, kind, arch, head_dim)
 
 
 @dataclass(frozen=True)
 class Config:
     path: Path
     dtypes: tuple[str, ...]
-    causal: tuple[bool, ...]
-    # (arch, head_dim) -> tile, sorted; backward_tiles only for the head dims that have one
-    tiles: tuple[tuple[tuple[str, int], Tile], ...]
-    backward_tiles: tuple[tuple[tuple[str, int], Tile], ...] = ()
-    # The extra forward tiles, sorted; a head dim may have several or none
-    variant_tiles: tuple[tuple[tuple[str, int], Tile], ...] = ()
+    masks: tuple[str, ...]
+    # (family, kind, arch, head_dim) -> its tiles, the main one first, then its alt tiles; sorted
+    tiles: tuple[tuple[TileKey, tuple[Tile, ...]], ...]
 
-    def head_dims(self, arch: str) -> list[int]:
-        return sorted(hd for (a, hd), _ in self.tiles if a == arch)
+    def tiles_of(self, family: str, kind: str, arch: str, head_dim: int) -> tuple[Tile, ...]:
+        """The main tile first, then the alt tiles; empty when not configured."""
+        return dict(self.tiles).get((family, kind, arch, head_dim), ())
 
-    def forward_tiles(self, arch: str, head_dim: int) -> tuple[Tile, ...]:
-        """The head dim's main forward tile first, then its variants."""
-        key = (arch, head_dim)
-        return (dict(self.tiles)[key], *(tile for k, tile in self.variant_tiles if k == key))
+    def head_dims(self, family: str, kind: str, arch: str) -> list[int]:
+        return sorted(hd for (f, k, a, hd), _ in self.tiles if (f, k, a) == (family, kind, arch))
 
     @property
     def archs(self) -> list[str]:
-        return sorted({a for (a, _), _ in self.tiles})
+        return sorted({a for (_, _, a, _), _ in self.tiles})
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({f for (f, _, _, _), _ in self.tiles})
 
 
 def load_config(path: Path | str) -> Config:
@@ -96,33 +87,72 @@ def parse_config(raw: dict, path: Path) -> Config:
     def fail(where: str, message: str) -> ConfigError:
         return ConfigError(f"{path}: {where}: {message}")
 
-    _reject_unknown(raw, {"dtypes", "causal", "arch"}, "top level", fail)
+    if "arch" in raw:
+        raise fail("arch", "[arch.sm_XX.head_dim.N] tables now name their kernel family first: "
+                   "write [mma.sm_XX.head_dim.N] (and [[...alt_tiles]] for [[...variants]])")
+    if "causal" in raw:
+        raise fail("causal", 'write masks = ["none", "causal"] instead of causal = [false, true]')
+    _reject_unknown(raw, {"dtypes", "masks", *families.FAMILIES}, "top level", fail)
     dtypes = raw.get("dtypes", list(DTYPES))
     if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
         raise fail("dtypes", f"{dtypes!r}: must be a non-empty list drawn from {list(DTYPES)}")
-    causal = raw.get("causal", [False, True])
-    if not isinstance(causal, list) or not causal or any(not isinstance(c, bool) for c in causal):
-        raise fail("causal", f"{causal!r}: must be a non-empty list of true/false")
+    masks = raw.get("masks", list(MASKS))
+    if not isinstance(masks, list) or not masks or any(m not in MASKS for m in masks):
+        raise fail("masks", f"{masks!r}: must be a non-empty list drawn from {list(MASKS)}")
 
-    arch_tables = raw.get("arch")
-    if not isinstance(arch_tables, dict) or not arch_tables:
-        raise fail("arch", "at least one [arch.sm_XX.head_dim.N] table is required")
-    tiles, backward_tiles, variant_tiles = {}, {}, []
-    for arch, table in arch_tables.items():
-        if arch not in ARCHS:
-            raise fail(f"arch.{arch}", f"unknown arch; known: {', '.join(ARCHS)}")
-        _reject_unknown(table, {"head_dim"}, f"arch.{arch}", fail)
-        for hd_key, tile_table in table.get("head_dim", {}).items():
-            where = f"arch.{arch}.head_dim.{hd_key}"
-            key = (arch, _parse_head_dim(hd_key, where, fail))
-            tiles[key], backward, variants = _parse_head_dim_table(tile_table, *key, where, fail)
-            if backward is not None:
-                backward_tiles[key] = backward
-            variant_tiles += ((key, tile) for tile in variants)
-    return Config(path=path, dtypes=tuple(sorted(set(dtypes))),
-                  causal=tuple(sorted(set(causal))), tiles=tuple(sorted(tiles.items())),
-                  backward_tiles=tuple(sorted(backward_tiles.items())),
-                  variant_tiles=tuple(sorted(variant_tiles)))
+    tiles: dict[TileKey, tuple[Tile, ...]] = {}
+    for name, family in families.FAMILIES.items():
+        if name in raw:
+            tiles.update(_parse_family(raw[name], family, fail))
+    if not tiles:
+        raise fail("top level", "at least one [<family>.sm_XX.head_dim.N] table is required, e.g. "
+                   f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
+    return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
+                  tiles=tuple(sorted(tiles.items())))
+
+
+def _parse_family(table, family: Family, fail) -> dict[TileKey, tuple[Tile, ...]]:
+    _reject_unknown(table, set(family.archs), family.name, fail)
+    tiles = {}
+    for arch, arch_table in table.items():
+        where = f"{family.name}.{arch}"
+        _reject_unknown(arch_table, {"head_dim"}, where, fail)
+        for hd_key, hd_table in arch_table.get("head_dim", {}).items():
+            hd_where = f"{where}.head_dim.{hd_key}"
+            head_dim = _parse_head_dim(hd_key, hd_where, fail)
+            for kind in family.kinds:
+                kind_tiles = _parse_kind(hd_table, kind, family, head_dim, ARCHS[arch], hd_where,
+                                         fail)
+                if kind_tiles:
+                    tiles[(family.name, kind.name, arch, head_dim)] = kind_tiles
+    return tiles
+
+
+def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where: str,
+                fail) -> tuple[Tile, ...]:
+    """The kind's main tile and alt tiles in one head dim's table; () when absent and optional."""
+    if kind.table is None:
+        table, subtables = hd_table, family.subtables
+    else:
+        table, subtables, where = hd_table.get(kind.table), (), f"{where}.{kind.table}"
+        if table is None and not kind.required:
+            return ()
+    if table is None:
+        raise fail(where, f"missing: every head dim needs its {kind.name} tile")
+    subtables += (ALT_TILES,) if kind.alt_tiles else ()
+    main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables)
+    alts = []
+    alt_tables = table.get(ALT_TILES, []) if kind.alt_tiles else []
+    if not isinstance(alt_tables, list):
+        raise fail(f"{where}.{ALT_TILES}", f"must be an array of tables: write each one as "
+                   f"[[{where}.{ALT_TILES}]]")
+    for i, alt_table in enumerate(alt_tables):
+        tile = _parse_tile(alt_table, kind, head_dim, arch, f"{where}.{ALT_TILES}[{i}]", fail)
+        if tile == main or tile in alts:
+            raise fail(f"{where}.{ALT_TILES}[{i}]", f"{tile.suffix} repeats "
+                       f"{'the main tile' if tile == main else 'an earlier alt tile'}")
+        alts.append(tile)
+    return (main, *alts)
 
 
 def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:
@@ -142,37 +172,9 @@ def _parse_head_dim(key: str, where: str, fail) -> int:
     return head_dim
 
 
-def _parse_head_dim_table(table, arch: str, head_dim: int, where: str, fail):
-    """(main forward tile, backward tile or None, forward variants) of one head dim's table."""
-    forward = _parse_tile(table, FORWARD_KEYS, resources.tile_problems, head_dim, ARCHS[arch],
-                          where, fail, subtables=(BACKWARD_TABLE, VARIANTS_TABLE))
-    backward = None
-    if BACKWARD_TABLE in table:
-        backward = _parse_tile(table[BACKWARD_TABLE], BACKWARD_KEYS,
-                               resources.backward_tile_problems, head_dim, ARCHS[arch],
-                               f"{where}.{BACKWARD_TABLE}", fail)
-    variants = _parse_variants(table.get(VARIANTS_TABLE, []), forward, head_dim, ARCHS[arch],
-                               f"{where}.{VARIANTS_TABLE}", fail)
-    return forward, backward, variants
-
-
-def _parse_variants(tables, main: Tile, head_dim: int, arch, where: str, fail) -> list[Tile]:
-    """The [[...variants]] array of forward tiles: each checked like the main tile, none twice."""
-    if not isinstance(tables, list):
-        raise fail(where, f"must be an array of tables: write each one as [[{where}]]")
-    variants = []
-    for i, table in enumerate(tables):
-        tile = _parse_tile(table, FORWARD_KEYS, resources.tile_problems, head_dim, arch,
-                           f"{where}[{i}]", fail)
-        if tile == main or tile in variants:
-            raise fail(f"{where}[{i}]", f"{tile.suffix} repeats "
-                       f"{'the main tile' if tile == main else 'an earlier variant'}")
-        variants.append(tile)
-    return variants
-
-
-def _parse_tile(table, keys: tuple[str, ...], tile_problems, head_dim: int, arch, where: str,
-                fail, subtables: tuple[str, ...] = ()) -> Tile:
+def _parse_tile(table, kind: Kind, head_dim: int, arch, where: str, fail,
+                subtables: tuple[str, ...] = ()) -> Tile:
+    keys = kind.tile.keys()
     _reject_unknown(table, set(keys) | set(subtables), where, fail)
     missing = [k for k in keys if k not in table]
     if missing:
@@ -181,9 +183,8 @@ def _parse_tile(table, keys: tuple[str, ...], tile_problems, head_dim: int, arch
         value = table[key]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise fail(f"{where}.{key}", f"{value!r} must be a positive integer")
-    tile = Tile(*(table[k] for k in keys))
-    problems = tile_problems(head_dim, tile.block_m, tile.block_n, tile.warps, tile.stages,
-                             arch.smem_limit)
+    tile = kind.tile(*(table[k] for k in keys))
+    problems = kind.problems(head_dim, tile, arch)
     if problems:
         raise fail(where, "; ".join(problems))
     return tile

@@ -18,6 +18,11 @@ def config_path() -> Path:
     return Path(os.environ.get("FLASHGEN_CONFIG") or DEFAULT_CONFIG)
 
 
+def forced_family() -> str | None:
+    """$FLASHGEN_FAMILY: run only that kernel family's kernels (unset: the best configured)."""
+    return os.environ.get("FLASHGEN_FAMILY") or None
+
+
 def cache_dir() -> Path:
     """Root of the build cache ($FLASHGEN_CACHE_DIR, else ~/.cache/flashgen)."""
     env = os.environ.get("FLASHGEN_CACHE_DIR")

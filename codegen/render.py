@@ -2,32 +2,39 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 from pathlib import Path
 
 import jinja2
 
-from codegen.paths import TEMPLATES_DIR
+from codegen.masks import MASKS
 from codegen.spec import KernelSpec
 
 ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 MANIFEST = "manifest.json"
+# The head dim whose spec stands for its template in generated/ (any configured one will do).
+SAMPLE_HEAD_DIM = 128
 
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
-    undefined=jinja2.StrictUndefined,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+
+@functools.cache
+def _environment(template_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(template_dir),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["cpp"] = lambda value: "true" if value else "false"  # a Python bool in C++
+    return env
 
 
 def render_spec(spec: KernelSpec) -> str:
-    template = _env.get_template(f"{spec.direction}_kernel_{spec.family}.cu.j2")
-    return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype])
-
-
-def source_path(out_dir: Path, spec: KernelSpec) -> Path:
-    return out_dir / spec.arch / f"{spec.name}.cu"
+    family = spec.family_record
+    template = _environment(family.template_dir).get_template(family.kind(spec.kind).template)
+    return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype],
+                           mask_type=MASKS[spec.mask].cpp_type, **family.template_context(spec))
 
 
 def write_if_changed(path: Path, text: str) -> bool:
@@ -43,25 +50,39 @@ def write_if_changed(path: Path, text: str) -> bool:
 
 def manifest_text(specs: list[KernelSpec]) -> str:
     entries = [
-        {"name": s.name, "direction": s.direction, "arch": s.arch, "dtype": s.dtype,
-         "head_dim": s.head_dim, "causal": s.causal, "block_m": s.block_m, "block_n": s.block_n,
-         "warps": s.warps, "stages": s.stages, "source": f"{s.arch}/{s.name}.cu"}
+        {"name": s.name, "family": s.family, "kind": s.kind, "arch": s.arch, "dtype": s.dtype,
+         "head_dim": s.head_dim, "mask": s.mask, "tile": dataclasses.asdict(s.tile)}
         for s in sorted(specs)
     ]
     return json.dumps({"kernels": entries}, indent=1) + "\n"
 
 
+def samples(specs: list[KernelSpec]) -> list[KernelSpec]:
+    """One spec per template (family and kind), to show what it renders: the first at
+    SAMPLE_HEAD_DIM if there is one, else the first."""
+    chosen = {}
+    for spec in sorted(specs, key=lambda s: (s.head_dim != SAMPLE_HEAD_DIM, s)):
+        chosen.setdefault((spec.family, spec.kind), spec)
+    return sorted(chosen.values())
+
+
+def sample_path(out_dir: Path, spec: KernelSpec) -> Path:
+    return out_dir / spec.family / f"{spec.kind}_sample.cu"
+
+
 def render_tree(specs: list[KernelSpec], out_dir: Path) -> list[Path]:
-    """Renders every spec and the manifest into out_dir and removes sources of specs no longer
-    configured. Returns the files that changed."""
+    """Writes the manifest of every spec and one rendered sample per template into out_dir (a
+    full render of every family would be hundreds of files; the build renders each kernel into
+    its cache folder), and removes samples no longer configured. Returns the files that
+    changed."""
     changed = []
     wanted = set()
-    for spec in sorted(specs):
-        path = source_path(out_dir, spec)
+    for spec in samples(specs):
+        path = sample_path(out_dir, spec)
         wanted.add(path)
         if write_if_changed(path, render_spec(spec)):
             changed.append(path)
-    for stale in sorted(out_dir.glob("*/*.cu")):
+    for stale in sorted(out_dir.glob("**/*.cu")):
         if stale not in wanted:
             stale.unlink()
             changed.append(stale)

@@ -1,0 +1,67 @@
+"""What a kernel family is: the record codegen and dispatch read, so that a new family is a new
+file under codegen/families/ plus its templates, not edits across the tree.
+
+A family is one design of attention kernels (the mma family: FlashAttention-2's mma.sync +
+cp.async kernels). It runs on some archs, builds some kinds of kernel (fwd, bwd; later split,
+combine, append), each kind from its own template with its own tile keys and resource checks, and
+ranks against other families in dispatch by its priority.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable, ClassVar
+
+
+@dataclass(frozen=True, order=True)
+class Tile:
+    """A kind's compile-time tile. Subclasses name their fields after the config table's keys (in
+    the table's order) and give each a one-letter SUFFIX for spec names."""
+    SUFFIX: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @property
+    def suffix(self) -> str:
+        """e.g. m128n64w4s2: every value, so that the spec name names the tile."""
+        return "".join(f"{letter}{getattr(self, key)}"
+                       for letter, key in zip(self.SUFFIX, self.keys(), strict=True))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of kernel a family builds."""
+    name: str                 # "fwd" | "bwd": in spec names and dispatch
+    table: str | None         # its subtable of a head-dim table; None: the head-dim table itself
+    tile: type[Tile]
+    template: str             # relative to the family's template folder
+    # (head_dim, tile, arch) -> why the tile cannot be built, one line per reason
+    problems: Callable[..., list[str]]
+    required: bool = True     # every head dim must configure it
+    alt_tiles: bool = False   # may list [[alt_tiles]]: more tiles, chosen per call by shape
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str                 # the config's top-level table and the spec names' second word
+    archs: tuple[str, ...]    # the arch tables it accepts (codegen/arch.py)
+    priority: int             # dispatch tries families in ascending priority
+    kinds: tuple[Kind, ...]
+    template_dir: Path        # its Jinja templates
+    # spec -> extra template variables derived from the tile (compile-time choices)
+    template_context: Callable[..., dict] = lambda spec: {}
+    # arch -> nvcc's -gencode flag (a family may need the arch-specific target, e.g. sm_90a)
+    gencode: Callable[..., str] = lambda arch: arch.gencode
+
+    def kind(self, name: str) -> Kind:
+        for kind in self.kinds:
+            if kind.name == name:
+                return kind
+        raise KeyError(f"family {self.name} has no kind {name!r}")
+
+    @property
+    def subtables(self) -> tuple[str, ...]:
+        return tuple(k.table for k in self.kinds if k.table is not None)

@@ -1,0 +1,22 @@
+"""Mask kinds: which keys a query row sees. Each names a C++ policy type in
+templates/include/flashgen/common/mask.cuh that forward and backward kernels share; a spec
+carries one, so each is a compile-time choice (it decides which key blocks a query block visits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MaskKind:
+    name: str      # in the config's `masks`, spec names and dispatch
+    cpp_type: str  # the policy the templates instantiate
+
+
+MASKS = {m.name: m for m in (
+    MaskKind("none", "flashgen::NoMask"),
+    # Query row i sees key j iff j <= i + offset, the offset per sequence (bottom-right or top-left
+    # aligned, chosen by the caller).
+    MaskKind("causal", "flashgen::CausalMask"),
+)}

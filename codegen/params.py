@@ -1,0 +1,169 @@
+"""The kernels' run-time arguments, written once: this table renders
+templates/include/flashgen/common/params.h (the structs the kernels read, plus X-macro field lists
+that the binding fills them by), and gives Python a builder per struct that takes the same fields
+by name (`fwd_args`, `bwd_args`), so a new field is one row here and the code that sets it.
+
+A row is a tensor (the C++ struct gets its data pointer and its batch, row and head strides in
+elements; Python passes the torch tensor), an address (a pointer; Python passes an int) or a value.
+Plain data on the C++ side: no torch, pybind11 or CUDA types, so the binding compiles with a host
+compiler alone.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections import namedtuple
+from dataclasses import dataclass
+
+STRIDES = ("batch", "row", "head")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    ctype: str              # C++ type; a tensor's is its pointer's
+    comment: str = ""       # written above the field in params.h
+    default: object = None  # Python's value when the caller leaves it out (None: required)
+    tensor: bool = False    # a (batch, seq, heads, dim) tensor: pointer and STRIDES strides
+    stride_prefix: str = ""  # the strides' name prefix if not the field's name
+
+    def c_members(self) -> list[tuple[str, str]]:
+        members = [(self.ctype, self.name)]
+        if self.tensor:
+            prefix = self.stride_prefix or self.name
+            members += [("int64_t", f"{prefix}_{s}_stride") for s in STRIDES]
+        return members
+
+
+def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "") -> Field:
+    return Field(name, ctype, comment, tensor=True, stride_prefix=stride_prefix)
+
+
+_PROBLEM = (
+    Field("batch", "int"), Field("heads", "int"), Field("heads_kv", "int"),
+    Field("seqlen_q", "int"), Field("seqlen_k", "int"),
+    Field("softmax_scale", "float", "applied to q.k"),
+    Field("scale_log2", "float", "softmax_scale * log2(e): the softmax runs on exp2"),
+    Field("mask_offset", "int", "Causal mask: query row i sees key j iff j <= i + mask_offset. "
+          "seqlen_k - seqlen_q aligns it to the bottom-right corner (FlashAttention), 0 to the "
+          "top-left (PyTorch SDPA)", default=0),
+)
+
+FWD_FIELDS = (
+    _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides in elements "
+            "(64-bit: batch * stride can pass 2^31), head dim contiguous"),
+    _tensor("k", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    _tensor("v", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
+    Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
+    *_PROBLEM,
+    Field("ranks_per_round", "int", "mma family: the grid's order (block_order.cuh, "
+          "flashgen/families/mma/schedule.py)", default=1),
+)
+
+BWD_FIELDS = (
+    _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides, head dim "
+            "contiguous"),
+    _tensor("k", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    _tensor("v", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    _tensor("o", "const void*", "(batch, seqlen_q, heads, head_dim): the forward's output"),
+    _tensor("dout", "const void*", "(batch, seqlen_q, heads, head_dim)", stride_prefix="do"),
+    _tensor("dq", "void*", "(batch, seqlen_q, heads, head_dim)"),
+    _tensor("dk", "void*", "(batch, seqlen_k, heads_kv, head_dim): summed over each KV head's "
+            "group"),
+    _tensor("dv", "void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    Field("softmax_lse", "const float*", "(batch, heads, seqlen_q), contiguous, natural log"),
+    Field("softmax_d", "float*", "(batch, heads, seqlen_q) workspace: rowsum(dout * out)"),
+    Field("dq_accum", "float*", "(batch, heads, seqlen_q, head_dim padded to the kernel's row "
+          "chunk) fp32 workspace that the key blocks add their dq contributions to; nullptr "
+          "selects the deterministic path (a second kernel computes dq per query block)"),
+    *_PROBLEM,
+    Field("dkv_accum", "float*", "mma family: (split_blocks, 2, block_n, head_dim padded) fp32 "
+          "workspace, zeroed by the launcher, where the pieces of each split key block add their "
+          "dK and dV, then split_blocks int counters of the pieces that have added (the last one "
+          "writes dK and dV). Unused when split_blocks is 0", default=0),
+    Field("sorted_tail_blocks", "int", "mma family: the grids' order (block_work_sorted_tail, "
+          "flashgen/families/mma/schedule.py)", default=0),
+    Field("split_blocks", "int", "mma family: the dK/dV grid's last split_blocks key blocks run "
+          "as `splits` pieces each, each a share of the block's steps (grid_piece). Not on the "
+          "deterministic path", default=0),
+    Field("splits", "int", default=1),
+)
+
+STRUCTS = {"FwdParams": FWD_FIELDS, "BwdParams": BWD_FIELDS}
+
+
+def members(fields_: tuple[Field, ...]) -> list[tuple[str, str]]:
+    """The C++ struct's (type, name) members in order: what the binding takes, positionally."""
+    return [m for f in fields_ for m in f.c_members()]
+
+
+def _args_builder(name: str, fields_: tuple[Field, ...]):
+    """A namedtuple of the struct's members in order, and a function that builds one from the
+    table's fields by keyword (keyword-only, so a default may sit anywhere; a tensor field gives
+    its data pointer and strides). Callers pass the tuple with *args: the binding is positional,
+    faster per call than keywords."""
+    tuple_type = namedtuple(name, [m for _, m in members(fields_)])
+    params = ", ".join(f.name if f.default is None else f"{f.name}={f.default!r}" for f in fields_)
+    body, values = [], []
+    for f in fields_:
+        if f.tensor:
+            body.append(f"    {f.name}_strides = {f.name}.stride()")
+            values += [f"{f.name}.data_ptr()"] + [f"{f.name}_strides[{i}]" for i in range(3)]
+        else:
+            values.append(f.name)
+    source = "\n".join([f"def build(*, {params}):", *body,
+                        f"    return _new(_type, ({', '.join(values)},))"]) + "\n"
+    scope = {"_new": tuple.__new__, "_type": tuple_type}
+    exec(source, scope)  # noqa: S102 - the text is made from the table above, nothing else
+    build = scope["build"]
+    build.__name__ = build.__qualname__ = name.lower().replace("args", "_args")
+    return tuple_type, build
+
+
+FwdArgs, fwd_args = _args_builder("FwdArgs", FWD_FIELDS)
+BwdArgs, bwd_args = _args_builder("BwdArgs", BWD_FIELDS)
+
+
+def _comment(text: str, indent: str, width: int = 100) -> list[str]:
+    return [f"{indent}// {line}" for line in textwrap.wrap(text, width=width - len(indent) - 3)]
+
+
+def header_text() -> str:
+    """params.h, deterministic."""
+    lines = [
+        "// Generated from codegen/params.py, the one table of the kernels' run-time arguments: "
+        "edit the",
+        "// table, then `python -m codegen.params` rewrites this file.",
+        "// Plain data: the Python binding fills it, the kernel reads it. No torch, pybind11 or "
+        "CUDA types,",
+        "// so the binding compiles with a host compiler alone.",
+        "#pragma once",
+        "",
+        "#include <cstdint>",
+        "",
+        "namespace flashgen {",
+    ]
+    for struct, fields_ in STRUCTS.items():
+        lines += ["", f"struct {struct} {{"]
+        for f in fields_:
+            lines += _comment(f.comment, "  ")
+            lines += [f"  {ctype} {name};" for ctype, name in f.c_members()]
+        lines.append("};")
+    lines += ["", "}  // namespace flashgen", "",
+              "// Every member in order, for the binding: X(name) once per member."]
+    for struct, fields_ in STRUCTS.items():
+        lines.append(f"#define FLASHGEN_{struct.upper()}_MEMBERS(X) \\")
+        names = [name for _, name in members(fields_)]
+        lines += [f"  X({n})" + (" \\" if i + 1 < len(names) else "") for i, n in enumerate(names)]
+    return "\n".join(lines) + "\n"
+
+
+HEADER = "flashgen/common/params.h"  # under codegen.paths.INCLUDE_DIR
+
+
+if __name__ == "__main__":
+    from codegen.paths import INCLUDE_DIR
+
+    (INCLUDE_DIR / HEADER).write_text(header_text())
+    print(f"wrote {INCLUDE_DIR / HEADER}")
