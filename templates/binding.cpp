@@ -10,7 +10,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "flashgen/params.h"
+#include "flashgen/common/params.h"
 
 namespace {
 
@@ -54,47 +54,22 @@ auto binding(std::tuple<Fields&...> (*fields)(Params&)) {
   };
 }
 
-// The (batch, row, head) strides of q, k, v and o, in elements: fields both Params name alike.
-template <class Params>
-auto qkvo_strides(Params& p) {
-  return std::tie(p.q_batch_stride, p.q_row_stride, p.q_head_stride,
-                  p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                  p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                  p.o_batch_stride, p.o_row_stride, p.o_head_stride);
+// Every member of FwdParams and BwdParams as a tuple of references, in params.h's order (the
+// X-macro lists that codegen/params.py writes beside the structs), which is the order Python
+// passes them in (codegen.params.fwd_args, bwd_args).
+#define FLASHGEN_TIE(name) , std::tie(p.name)
+auto fwd_members(flashgen::FwdParams& p) {
+  return std::tuple_cat(std::tuple<>() FLASHGEN_FWDPARAMS_MEMBERS(FLASHGEN_TIE));
 }
-
-// Sizes, scales and the causal offset: fields both Params name alike, in this order.
-template <class Params>
-auto problem(Params& p) {
-  return std::tie(p.batch, p.heads, p.heads_kv, p.seqlen_q, p.seqlen_k, p.softmax_scale,
-                  p.scale_log2, p.causal_offset);
+auto bwd_members(flashgen::BwdParams& p) {
+  return std::tuple_cat(std::tuple<>() FLASHGEN_BWDPARAMS_MEMBERS(FLASHGEN_TIE));
 }
-
-// FwdParams' fields in the order fwd takes them, params.h's: data pointers, then the strides of
-// each tensor in the same order, then the problem and the grid's order.
-auto fwd_fields(flashgen::FwdParams& p) {
-  return std::tuple_cat(std::tie(p.q, p.k, p.v, p.o, p.softmax_lse), qkvo_strides(p), problem(p),
-                        std::tie(p.ranks_per_round));
-}
-
-// BwdParams' fields in the order bwd takes them, likewise, then the grids' order and split.
-// dq_accum 0 selects the deterministic path.
-auto bwd_fields(flashgen::BwdParams& p) {
-  return std::tuple_cat(
-      std::tie(p.q, p.k, p.v, p.o, p.dout, p.softmax_lse, p.dq, p.dk, p.dv, p.softmax_d,
-               p.dq_accum, p.dkv_accum),
-      qkvo_strides(p),
-      std::tie(p.do_batch_stride, p.do_row_stride, p.do_head_stride,
-               p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-               p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride,
-               p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride),
-      problem(p), std::tie(p.sorted_tail_blocks, p.split_blocks, p.splits));
-}
+#undef FLASHGEN_TIE
 
 }  // namespace
 
 PYBIND11_MODULE(_flashgen_binding, m) {
   m.doc() = "flashgen's launcher binding (no torch, no CUDA headers)";
-  m.def("fwd", binding(&fwd_fields));
-  m.def("bwd", binding(&bwd_fields));
+  m.def("fwd", binding(&fwd_members));
+  m.def("bwd", binding(&bwd_members));
 }

@@ -1,5 +1,7 @@
-// Run-time arguments of the forward and backward kernels. Plain data: the Python binding fills it, the kernel
-// reads it. No torch, pybind11 or CUDA types, so the binding compiles with a host compiler alone.
+// Generated from codegen/params.py, the one table of the kernels' run-time arguments: edit the
+// table, then `python -m codegen.params` rewrites this file.
+// Plain data: the Python binding fills it, the kernel reads it. No torch, pybind11 or CUDA types,
+// so the binding compiles with a host compiler alone.
 #pragma once
 
 #include <cstdint>
@@ -7,65 +9,193 @@
 namespace flashgen {
 
 struct FwdParams {
-  const void* q;  // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
-  const void* k;  // (batch, seqlen_k, heads_kv, head_dim)
-  const void* v;  // (batch, seqlen_k, heads_kv, head_dim)
-  void* o;        // (batch, seqlen_q, heads, head_dim)
-  float* softmax_lse;  // (batch, heads, seqlen_q), contiguous, natural log
-
-  // Strides in elements. 64-bit: batch * stride can pass 2^31 on large inputs.
-  int64_t q_batch_stride, q_row_stride, q_head_stride;
-  int64_t k_batch_stride, k_row_stride, k_head_stride;
-  int64_t v_batch_stride, v_row_stride, v_head_stride;
-  int64_t o_batch_stride, o_row_stride, o_head_stride;
-
-  int batch, heads, heads_kv, seqlen_q, seqlen_k;
-
-  float softmax_scale;  // applied to q.k
-  float scale_log2;     // softmax_scale * log2(e): the softmax runs on exp2
-  // Causal only: query row i sees key j iff j <= i + causal_offset. seqlen_k - seqlen_q aligns the
-  // mask to the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA).
-  int causal_offset;
-  int ranks_per_round;  // the grid's order (block_order.cuh, flashgen/schedule.py)
+  // (batch, seqlen_q, heads, head_dim), any strides in elements (64-bit: batch * stride can pass
+  // 2^31), head dim contiguous
+  const void* q;
+  int64_t q_batch_stride;
+  int64_t q_row_stride;
+  int64_t q_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim)
+  const void* k;
+  int64_t k_batch_stride;
+  int64_t k_row_stride;
+  int64_t k_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;
+  int64_t v_batch_stride;
+  int64_t v_row_stride;
+  int64_t v_head_stride;
+  // (batch, seqlen_q, heads, head_dim)
+  void* o;
+  int64_t o_batch_stride;
+  int64_t o_row_stride;
+  int64_t o_head_stride;
+  // (batch, heads, seqlen_q), contiguous, natural log
+  float* softmax_lse;
+  int batch;
+  int heads;
+  int heads_kv;
+  int seqlen_q;
+  int seqlen_k;
+  // applied to q.k
+  float softmax_scale;
+  // softmax_scale * log2(e): the softmax runs on exp2
+  float scale_log2;
+  // Causal mask: query row i sees key j iff j <= i + mask_offset. seqlen_k - seqlen_q aligns it to
+  // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
+  int mask_offset;
+  // mma family: the grid's order (block_order.cuh, flashgen/families/mma/schedule.py)
+  int ranks_per_round;
 };
 
-// The backward pass: gradients of q, k, v from dout and the forward's out and softmax_lse.
 struct BwdParams {
-  const void* q;     // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
-  const void* k;     // (batch, seqlen_k, heads_kv, head_dim)
-  const void* v;     // (batch, seqlen_k, heads_kv, head_dim)
-  const void* o;     // (batch, seqlen_q, heads, head_dim): the forward's output
-  const void* dout;  // (batch, seqlen_q, heads, head_dim)
-  const float* softmax_lse;  // (batch, heads, seqlen_q), contiguous, natural log
-  void* dq;          // (batch, seqlen_q, heads, head_dim)
-  void* dk;          // (batch, seqlen_k, heads_kv, head_dim): summed over each KV head's group
-  void* dv;          // (batch, seqlen_k, heads_kv, head_dim)
-  float* softmax_d;  // (batch, heads, seqlen_q) workspace: rowsum(dout * out)
-  // (batch, heads, seqlen_q, head_dim padded to the kernel's row chunk) fp32 workspace that the
-  // key blocks add their dq contributions to with atomics; nullptr selects the deterministic
-  // path (a second kernel computes dq per query block, no atomics).
+  // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
+  const void* q;
+  int64_t q_batch_stride;
+  int64_t q_row_stride;
+  int64_t q_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim)
+  const void* k;
+  int64_t k_batch_stride;
+  int64_t k_row_stride;
+  int64_t k_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim)
+  const void* v;
+  int64_t v_batch_stride;
+  int64_t v_row_stride;
+  int64_t v_head_stride;
+  // (batch, seqlen_q, heads, head_dim): the forward's output
+  const void* o;
+  int64_t o_batch_stride;
+  int64_t o_row_stride;
+  int64_t o_head_stride;
+  // (batch, seqlen_q, heads, head_dim)
+  const void* dout;
+  int64_t do_batch_stride;
+  int64_t do_row_stride;
+  int64_t do_head_stride;
+  // (batch, seqlen_q, heads, head_dim)
+  void* dq;
+  int64_t dq_batch_stride;
+  int64_t dq_row_stride;
+  int64_t dq_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim): summed over each KV head's group
+  void* dk;
+  int64_t dk_batch_stride;
+  int64_t dk_row_stride;
+  int64_t dk_head_stride;
+  // (batch, seqlen_k, heads_kv, head_dim)
+  void* dv;
+  int64_t dv_batch_stride;
+  int64_t dv_row_stride;
+  int64_t dv_head_stride;
+  // (batch, heads, seqlen_q), contiguous, natural log
+  const float* softmax_lse;
+  // (batch, heads, seqlen_q) workspace: rowsum(dout * out)
+  float* softmax_d;
+  // (batch, heads, seqlen_q, head_dim padded to the kernel's row chunk) fp32 workspace that the key
+  // blocks add their dq contributions to; nullptr selects the deterministic path (a second kernel
+  // computes dq per query block)
   float* dq_accum;
-  // (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher, where the
-  // pieces of each split key block add their dK and dV, then split_blocks int counters of the
-  // pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0.
+  int batch;
+  int heads;
+  int heads_kv;
+  int seqlen_q;
+  int seqlen_k;
+  // applied to q.k
+  float softmax_scale;
+  // softmax_scale * log2(e): the softmax runs on exp2
+  float scale_log2;
+  // Causal mask: query row i sees key j iff j <= i + mask_offset. seqlen_k - seqlen_q aligns it to
+  // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
+  int mask_offset;
+  // mma family: (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher,
+  // where the pieces of each split key block add their dK and dV, then split_blocks int counters of
+  // the pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0
   float* dkv_accum;
-
-  int64_t q_batch_stride, q_row_stride, q_head_stride;
-  int64_t k_batch_stride, k_row_stride, k_head_stride;
-  int64_t v_batch_stride, v_row_stride, v_head_stride;
-  int64_t o_batch_stride, o_row_stride, o_head_stride;
-  int64_t do_batch_stride, do_row_stride, do_head_stride;
-  int64_t dq_batch_stride, dq_row_stride, dq_head_stride;
-  int64_t dk_batch_stride, dk_row_stride, dk_head_stride;
-  int64_t dv_batch_stride, dv_row_stride, dv_head_stride;
-
-  int batch, heads, heads_kv, seqlen_q, seqlen_k;
-  float softmax_scale, scale_log2;
-  int causal_offset;  // as in FwdParams
-  int sorted_tail_blocks;  // the grids' order (block_work_sorted_tail, flashgen/schedule.py)
-  // The dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each piece a
-  // share of the block's steps (grid_piece, flashgen/schedule.py). Not on the deterministic path.
-  int split_blocks, splits;
+  // mma family: the grids' order (block_work_sorted_tail, flashgen/families/mma/schedule.py)
+  int sorted_tail_blocks;
+  // mma family: the dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each a
+  // share of the block's steps (grid_piece). Not on the deterministic path
+  int split_blocks;
+  int splits;
 };
 
 }  // namespace flashgen
+
+// Every member in order, for the binding: X(name) once per member.
+#define FLASHGEN_FWDPARAMS_MEMBERS(X) \
+  X(q) \
+  X(q_batch_stride) \
+  X(q_row_stride) \
+  X(q_head_stride) \
+  X(k) \
+  X(k_batch_stride) \
+  X(k_row_stride) \
+  X(k_head_stride) \
+  X(v) \
+  X(v_batch_stride) \
+  X(v_row_stride) \
+  X(v_head_stride) \
+  X(o) \
+  X(o_batch_stride) \
+  X(o_row_stride) \
+  X(o_head_stride) \
+  X(softmax_lse) \
+  X(batch) \
+  X(heads) \
+  X(heads_kv) \
+  X(seqlen_q) \
+  X(seqlen_k) \
+  X(softmax_scale) \
+  X(scale_log2) \
+  X(mask_offset) \
+  X(ranks_per_round)
+#define FLASHGEN_BWDPARAMS_MEMBERS(X) \
+  X(q) \
+  X(q_batch_stride) \
+  X(q_row_stride) \
+  X(q_head_stride) \
+  X(k) \
+  X(k_batch_stride) \
+  X(k_row_stride) \
+  X(k_head_stride) \
+  X(v) \
+  X(v_batch_stride) \
+  X(v_row_stride) \
+  X(v_head_stride) \
+  X(o) \
+  X(o_batch_stride) \
+  X(o_row_stride) \
+  X(o_head_stride) \
+  X(dout) \
+  X(do_batch_stride) \
+  X(do_row_stride) \
+  X(do_head_stride) \
+  X(dq) \
+  X(dq_batch_stride) \
+  X(dq_row_stride) \
+  X(dq_head_stride) \
+  X(dk) \
+  X(dk_batch_stride) \
+  X(dk_row_stride) \
+  X(dk_head_stride) \
+  X(dv) \
+  X(dv_batch_stride) \
+  X(dv_row_stride) \
+  X(dv_head_stride) \
+  X(softmax_lse) \
+  X(softmax_d) \
+  X(dq_accum) \
+  X(batch) \
+  X(heads) \
+  X(heads_kv) \
+  X(seqlen_q) \
+  X(seqlen_k) \
+  X(softmax_scale) \
+  X(scale_log2) \
+  X(mask_offset) \
+  X(dkv_accum) \
+  X(sorted_tail_blocks) \
+  X(split_blocks) \
+  X(splits)

@@ -5,7 +5,8 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-#include "flashgen/params.h"
+#include "flashgen/common/params.h"
+#include "flashgen/common/seqinfo.cuh"
 
 namespace flashgen {
 
@@ -41,12 +42,13 @@ __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams 
   const int chunk = int(threadIdx.x) % kLanes;
   float sum = 0.f;
   if (row < p.seqlen_q && chunk < kChunks) {
-    const int batch = batch_head / p.heads;
+    const DenseSeqs seq(p, batch_head / p.heads);
     const int head = batch_head % p.heads;
-    const auto* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride +
-                       row * p.do_row_stride + head * p.do_head_stride;
-    const auto* out = static_cast<const Element*>(p.o) + batch * p.o_batch_stride +
-                      row * p.o_row_stride + head * p.o_head_stride;
+    const auto* dout = static_cast<const Element*>(p.dout) +
+                       seq.q_offset(p.do_batch_stride, p.do_head_stride, head) +
+                       row * p.do_row_stride;
+    const auto* out = static_cast<const Element*>(p.o) +
+                      seq.q_offset(p.o_batch_stride, p.o_head_stride, head) + row * p.o_row_stride;
     const auto d = reinterpret_cast<const Chunk8<Element>*>(dout)[chunk];
     const auto o = reinterpret_cast<const Chunk8<Element>*>(out)[chunk];
 #pragma unroll
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams
   const int64_t row_index = index / kChunks;  // (batch, head, row)
   const int row = int(row_index % p.seqlen_q);
   const int batch_head = int(row_index / p.seqlen_q);
-  const int batch = batch_head / p.heads;
+  const DenseSeqs seq(p, batch_head / p.heads);
   const int head = batch_head % p.heads;
   const float4* acc = reinterpret_cast<const float4*>(
       p.dq_accum + row_index * kHeadDimPadded + chunk * 8);
@@ -80,8 +82,8 @@ __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams
   Chunk8<Element> result;
 #pragma unroll
   for (int j = 0; j < 8; ++j) result.x[j] = Element(values[j] * p.softmax_scale);
-  auto* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + row * p.dq_row_stride +
-             head * p.dq_head_stride;
+  auto* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_batch_stride, p.dq_head_stride, head) +
+             row * p.dq_row_stride;
   reinterpret_cast<Chunk8<Element>*>(dq)[chunk] = result;
 }
 

@@ -14,36 +14,20 @@
 
 #include <cute/tensor.hpp>
 
-#include "flashgen/block_order.cuh"
-#include "flashgen/bulk_reduce.cuh"
-#include "flashgen/bwd_step.cuh"
-#include "flashgen/bwd_traits.cuh"
-#include "flashgen/copy.cuh"
-#include "flashgen/gemm.cuh"
-#include "flashgen/params.h"
+#include "flashgen/mma/block_order.cuh"
+#include "flashgen/common/bulk_reduce.cuh"
+#include "flashgen/mma/bwd_step.cuh"
+#include "flashgen/mma/bwd_traits.cuh"
+#include "flashgen/mma/copy.cuh"
+#include "flashgen/mma/gemm.cuh"
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
+#include "flashgen/common/seqinfo.cuh"
 
 namespace flashgen {
 
 using namespace cute;
-
-// (rows, head_dim) of one (batch, head) of a (batch, seq, heads, head_dim) tensor.
-template <class Element, int kHeadDim>
-__device__ __forceinline__ auto head_rows(const void* base, int64_t batch_stride,
-                                          int64_t row_stride, int64_t head_stride, int batch,
-                                          int head, int rows) {
-  auto* ptr = static_cast<const Element*>(base) + batch * batch_stride + head * head_stride;
-  return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}),
-                     make_stride(row_stride, _1{}));
-}
-
-template <class Element, int kHeadDim>
-__device__ __forceinline__ auto head_rows_mut(void* base, int64_t batch_stride,
-                                              int64_t row_stride, int64_t head_stride, int batch,
-                                              int head, int rows) {
-  auto* ptr = static_cast<Element*>(base) + batch * batch_stride + head * head_stride;
-  return make_tensor(make_gmem_ptr(ptr), make_shape(rows, Int<kHeadDim>{}),
-                     make_stride(row_stride, _1{}));
-}
 
 // Registers -> shared (converted to the input type, times `scale`) -> global with 16-byte
 // coalesced stores, rows below `rows` only. The caller has made the shared tile free.
@@ -144,7 +128,8 @@ __device__ __forceinline__ void stage_for_bulk_add(float* staging, Acc const& ac
   fence_for_bulk_copies();
 }
 
-template <class Traits, bool kCausal>
+// Mask, Seqs, ScoreMod: as in fwd_kernel.
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -165,27 +150,28 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const BlockWork work = block_work_sorted_tail(piece.block, num_n_blocks, p.batch * p.heads_kv,
                                                 p.sorted_tail_blocks);
   const int n_block = work.rank;
-  const int batch_head_kv = work.batch_head;
-  const int batch = batch_head_kv / p.heads_kv;
-  const int head_kv = batch_head_kv % p.heads_kv;
+  const int head_kv = work.batch_head % p.heads_kv;
   const int group = p.heads / p.heads_kv;
+  const Seqs seq(p, work.batch_head / p.heads_kv);
+  const Mask mask(seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod;
 
-  // Query blocks that see a key of this block: all, or under causal masking those from the
-  // first row whose diagonal reaches the block's first key. Steps run over (query head in the
-  // group, query block); none left means dK = dV = 0. A piece runs its share of them.
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block_min = kCausal ? max(0, n_block * kBlockN - p.causal_offset) / kBlockM : 0;
+  // Query blocks that see a key of this block: from the first one the mask lets see it. Steps
+  // run over (query head in the group, query block); none left means dK = dV = 0. A piece runs
+  // its share of them.
+  const int num_m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
+  const int m_block_min = mask.template query_block_begin<kBlockM, kBlockN>(n_block);
   const int m_steps = max(0, num_m_blocks - m_block_min);
   const int steps = group * m_steps;
   const int step_begin = piece.piece * steps / piece.pieces;
   const int step_end = (piece.piece + 1) * steps / piece.pieces;
-  const int kv_rows = p.seqlen_k - n_block * kBlockN;
+  const int kv_rows = seq.seqlen_k - n_block * kBlockN;
 
-  Tensor gK = local_tile(head_rows<Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride,
-                                                      p.k_head_stride, batch, head_kv, p.seqlen_k),
+  Tensor gK = local_tile(seq.template k_rows<const Element, kHeadDim>(
+                             p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_kv),
                          TileKV{}, make_coord(n_block, 0));  // (BLK_N, HDP)
-  Tensor gV = local_tile(head_rows<Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride,
-                                                      p.v_head_stride, batch, head_kv, p.seqlen_k),
+  Tensor gV = local_tile(seq.template k_rows<const Element, kHeadDim>(
+                             p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_kv),
                          TileKV{}, make_coord(n_block, 0));
 
   // Shared memory: the Q ring, the dO ring, K, V, P, dS.
@@ -216,13 +202,12 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   auto load_q_do = [&](int step, int stage) {
     const int head = head_of(step);
     const int m_block = m_block_of(step);
-    const int rows = p.seqlen_q - m_block * kBlockM;
-    Tensor gQ = local_tile(head_rows<Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
-                                                        p.q_head_stride, batch, head, p.seqlen_q),
+    const int rows = seq.seqlen_q - m_block * kBlockM;
+    Tensor gQ = local_tile(seq.template q_rows<const Element, kHeadDim>(
+                               p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head),
                            TileQ{}, make_coord(m_block, 0));
-    Tensor gdO = local_tile(head_rows<Element, kHeadDim>(p.dout, p.do_batch_stride,
-                                                         p.do_row_stride, p.do_head_stride, batch,
-                                                         head, p.seqlen_q),
+    Tensor gdO = local_tile(seq.template q_rows<const Element, kHeadDim>(
+                                p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head),
                             TileQ{}, make_coord(m_block, 0));
     if (rows >= kBlockM) {  // every block but the last: no row predicates
       copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, gmem_thr.partition_S(gQ),
@@ -317,10 +302,10 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
 
     const int head = head_of(step);
     const int m_block = m_block_of(step);
-    const int64_t row_base = (int64_t(batch) * p.heads + head) * p.seqlen_q;
-    compute_p_ds<Traits, kCausal>(p, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV, sP, sdS,
-                                  m_block, n_block, p.softmax_lse + row_base,
-                                  p.softmax_d + row_base);
+    const int64_t row_base = seq.row_stats_offset(p.heads, head);
+    compute_p_ds<Traits>(p, seq, mask, score_mod, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV,
+                         sP, sdS, m_block, n_block, p.softmax_lse + row_base,
+                         p.softmax_d + row_base);
     if constexpr (Traits::kDqBulkReduce) {
       if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
     }
@@ -340,13 +325,13 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       if constexpr (Traits::kDqBulkReduce) {
         stage_for_bulk_add<Traits::kDqRowStride>(dq_staging, acc_dq, tdQcdQ);
         staged_dq = dq_accum + int64_t(m_block) * kBlockM * kHeadDimPadded;
-        staged_rows = min(kBlockM, p.seqlen_q - m_block * kBlockM);
-      } else if ((m_block + 1) * kBlockM <= p.seqlen_q) {
+        staged_rows = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
+      } else if ((m_block + 1) * kBlockM <= seq.seqlen_q) {
         add_to_workspace<kHeadDim, kHeadDimPadded, true>(dq_accum, acc_dq, tdQcdQ,
-                                                         m_block * kBlockM, p.seqlen_q);
+                                                         m_block * kBlockM, seq.seqlen_q);
       } else {
         add_to_workspace<kHeadDim, kHeadDimPadded, false>(dq_accum, acc_dq, tdQcdQ,
-                                                          m_block * kBlockM, p.seqlen_q);
+                                                          m_block * kBlockM, seq.seqlen_q);
       }
     }
   }
@@ -358,13 +343,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   if constexpr (Traits::kDqBulkReduce) add_staged_dq();
   if (piece.pieces == 1 || sum_pieces<Traits>(p, piece.block - (blocks - p.split_blocks),
                                               piece.pieces, mma_dkv, tid, acc_dk, acc_dv)) {
-    Tensor gdK = local_tile(head_rows_mut<Element, kHeadDim>(p.dk, p.dk_batch_stride,
-                                                             p.dk_row_stride, p.dk_head_stride,
-                                                             batch, head_kv, p.seqlen_k),
+    Tensor gdK = local_tile(seq.template k_rows<Element, kHeadDim>(
+                                p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, head_kv),
                             TileKV{}, make_coord(n_block, 0));
-    Tensor gdV = local_tile(head_rows_mut<Element, kHeadDim>(p.dv, p.dv_batch_stride,
-                                                             p.dv_row_stride, p.dv_head_stride,
-                                                             batch, head_kv, p.seqlen_k),
+    Tensor gdV = local_tile(seq.template k_rows<Element, kHeadDim>(
+                                p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, head_kv),
                             TileKV{}, make_coord(n_block, 0));
     store_tile<Traits>(mma_dkv, tid, acc_dk, p.softmax_scale, sK, gdK, kv_rows);
     store_tile<Traits>(mma_dkv, tid, acc_dv, 1.f, sV, gdV, kv_rows);
@@ -376,7 +359,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   }
 }
 
-template <class Traits, bool kCausal>
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -394,16 +377,13 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const BlockWork work = block_work_sorted_tail(int(blockIdx.x), num_m_blocks,
                                                 p.batch * p.heads, p.sorted_tail_blocks);
   const int m_block = num_m_blocks - 1 - work.rank;
-  const int batch_head = work.batch_head;
-  const int batch = batch_head / p.heads;
-  const int head = batch_head % p.heads;
+  const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
-  const int rows = p.seqlen_q - m_block * kBlockM;
-  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  if constexpr (kCausal) {
-    const int last_visible_col = m_block * kBlockM + min(rows, kBlockM) - 1 + p.causal_offset;
-    n_block_max = last_visible_col < 0 ? 0 : min(n_block_max, last_visible_col / kBlockN + 1);
-  }
+  const Seqs seq(p, work.batch_head / p.heads);
+  const Mask mask(seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod;
+  const int rows = seq.seqlen_q - m_block * kBlockM;
+  const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + min(rows, kBlockM) - 1);
 
   // The same shared-memory carve-up as bwd_dkdv_kernel; Q and dO use stage 0.
   using SmemQ = typename Traits::SmemLayoutQ;
@@ -421,16 +401,16 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   auto gmem_thr = gmem_copy.get_thread_slice(tid);
   Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));
-  Tensor gQ = local_tile(head_rows<Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
-                                                      p.q_head_stride, batch, head, p.seqlen_q),
+  Tensor gQ = local_tile(seq.template q_rows<const Element, kHeadDim>(
+                             p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head),
                          TileQ{}, make_coord(m_block, 0));
-  Tensor gdO = local_tile(head_rows<Element, kHeadDim>(p.dout, p.do_batch_stride, p.do_row_stride,
-                                                       p.do_head_stride, batch, head, p.seqlen_q),
+  Tensor gdO = local_tile(seq.template q_rows<const Element, kHeadDim>(
+                              p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head),
                           TileQ{}, make_coord(m_block, 0));
-  Tensor mK = head_rows<Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride,
-                                           batch, head_kv, p.seqlen_k);
-  Tensor mV = head_rows<Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride,
-                                           batch, head_kv, p.seqlen_k);
+  Tensor mK = seq.template k_rows<const Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride,
+                                                           p.k_head_stride, head_kv);
+  Tensor mV = seq.template k_rows<const Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride,
+                                                           p.v_head_stride, head_kv);
   copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gQ),
                             gmem_thr.partition_D(sQ(_, _, 0)), tQcQ, rows);
   copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gdO),
@@ -448,11 +428,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   Tensor acc_dq = partition_fragment_C(mma_dq, TileQ{});
   clear(acc_dq);
 
-  const int64_t row_base = (int64_t(batch) * p.heads + head) * p.seqlen_q;
+  const int64_t row_base = seq.row_stats_offset(p.heads, head);
   CUTE_NO_UNROLL
   for (int n_block = 0; n_block < n_block_max; ++n_block) {
     __syncthreads();  // every warp is done with the previous key block
-    const int kv_rows = p.seqlen_k - n_block * kBlockN;
+    const int kv_rows = seq.seqlen_k - n_block * kBlockN;
     copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mK, TileKV{}, make_coord(n_block, 0))),
                               gmem_thr.partition_D(sK), tKVcKV, kv_rows);
     copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mV, TileKV{}, make_coord(n_block, 0))),
@@ -460,17 +440,17 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
     cp_async_fence();
     cp_async_wait<0>();
     __syncthreads();
-    compute_p_ds<Traits, kCausal>(p, tid, sQ(_, _, 0), sdO(_, _, 0), sK, sV, sP, sdS, m_block,
-                                  n_block, p.softmax_lse + row_base, p.softmax_d + row_base);
+    compute_p_ds<Traits>(p, seq, mask, score_mod, tid, sQ(_, _, 0), sdO(_, _, 0), sK, sV, sP, sdS,
+                         m_block, n_block, p.softmax_lse + row_base, p.softmax_d + row_base);
     __syncthreads();
     gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
   }
 
   cp_async_wait<0>();  // a block with no key block still has Q and dO in flight
   __syncthreads();
-  Tensor gdQ = local_tile(head_rows_mut<Element, kHeadDim>(p.dq, p.dq_batch_stride,
-                                                           p.dq_row_stride, p.dq_head_stride,
-                                                           batch, head, p.seqlen_q),
+  Tensor gdQ = local_tile(seq.template q_rows<Element, kHeadDim>(p.dq, p.dq_batch_stride,
+                                                                 p.dq_row_stride, p.dq_head_stride,
+                                                                 head),
                           TileQ{}, make_coord(m_block, 0));
   Tensor sdQ = sQ(_, _, 0);
   store_tile<Traits>(mma_dq, tid, acc_dq, p.softmax_scale, sdQ, gdQ, rows);

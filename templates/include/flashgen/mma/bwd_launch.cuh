@@ -5,14 +5,15 @@
 
 #include <cuda_runtime.h>
 
-#include "flashgen/bwd_aux.cuh"
-#include "flashgen/bwd_kernel.cuh"
-#include "flashgen/launch_common.cuh"
-#include "flashgen/params.h"
+#include "flashgen/mma/bwd_aux.cuh"
+#include "flashgen/mma/bwd_kernel.cuh"
+#include "flashgen/common/launch.cuh"
+#include "flashgen/common/params.h"
 
 namespace flashgen {
 
-template <class Traits, bool kCausal>
+// Mask: a policy of common/mask.cuh.
+template <class Traits, class Mask>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -36,7 +37,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   // D first: the GPU starts on it while the host sets up the rest.
   softmax_d_kernel<Element, kHeadDim><<<unsigned(d_blocks), kAuxThreads, 0, stream>>>(p);
-  auto dkdv = bwd_dkdv_kernel<Traits, kCausal>;
+  auto dkdv = bwd_dkdv_kernel<Traits, Mask>;
   if (cudaError_t err = opt_in_shared_memory(dkdv, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
@@ -47,7 +48,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     }
   }
   if (p.dq_accum == nullptr) {  // deterministic: dK/dV, then dQ by its own kernel
-    auto dq = bwd_dq_kernel<Traits, kCausal>;
+    auto dq = bwd_dq_kernel<Traits, Mask>;
     if (cudaError_t err = opt_in_shared_memory(dq, Traits::kSmemBytes); err != cudaSuccess) {
       return err;
     }

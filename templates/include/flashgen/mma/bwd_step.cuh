@@ -8,22 +8,26 @@
 #include <cmath>
 #include <cute/tensor.hpp>
 
-#include "flashgen/accumulator.cuh"
-#include "flashgen/gemm.cuh"
-#include "flashgen/mask.cuh"
-#include "flashgen/params.h"
-#include "flashgen/tiling.cuh"
+#include "flashgen/mma/accumulator.cuh"
+#include "flashgen/mma/gemm.cuh"
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
+#include "flashgen/mma/tiling.cuh"
 
 namespace flashgen {
 
 using namespace cute;
 
 // sQ, sdO: (block_m, head_dim); sK, sV: (block_n, head_dim); sP, sdS: (block_m, block_n).
-// lse and softmax_d point at this (batch, head)'s rows. `masked` (a bool, or true_type /
-// false_type for a copy of the step fixed at compile time): the tile straddles the end of the
-// keys or the causal diagonal.
-template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP, class Masked>
-__device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, SmemQ const& sQ,
+// lse and softmax_d point at this (sequence, head)'s rows. `masked` (a bool, or true_type /
+// false_type for a copy of the step fixed at compile time): the tile straddles an edge of the
+// mask.
+template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
+          class SmemP, class Masked>
+__device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const& seq,
+                                                  Mask const& mask, ScoreMod const& score_mod,
+                                                  int tid, SmemQ const& sQ,
                                                   SmemQ const& sdO, SmemK const& sK,
                                                   SmemK const& sV, SmemP& sP, SmemP& sdS,
                                                   int m_block, int n_block, const float* lse,
@@ -49,9 +53,9 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, S
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const int row = row0 + get<0>(coords(r, 0));
-    const float row_lse = row < p.seqlen_q ? lse[row] : -INFINITY;
+    const float row_lse = row < seq.seqlen_q ? lse[row] : -INFINITY;
     lse_log2[r] = row_lse == -INFINITY ? INFINITY : row_lse * 1.4426950408889634f;
-    row_d[r] = row < p.seqlen_q ? softmax_d[row] : 0.f;
+    row_d[r] = row < seq.seqlen_q ? softmax_d[row] : 0.f;
   }
 
   Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_K)
@@ -66,10 +70,9 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, S
   gemm_ss(mma, acc_dp, tdPrdO, tdPrV, thr_a.partition_S(sdO), thr_b.partition_S(sV), copy_a,
           copy_b);
 
-  if (masked) {
-    apply_mask<kCausal>(acc_s, tScS, row0, n_block * Traits::kBlockN, p.seqlen_k,
-                        p.causal_offset);
-  }
+  const int col0 = n_block * Traits::kBlockN;
+  apply_score_mod(score_mod, acc_s, tScS, row0, col0);
+  if (masked) apply_mask(mask, acc_s, tScS, row0, col0);
 
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));      // (rows, cols)
   Tensor dp = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
@@ -77,9 +80,11 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, S
   for (int r = 0; r < kRows; ++r) {
     CUTE_UNROLL
     for (int c = 0; c < size<1>(s); ++c) {
-      const float prob = exp2f(s(r, c) * p.scale_log2 - lse_log2[r]);
+      const float score = s(r, c);
+      const float prob = exp2f(score * p.scale_log2 - lse_log2[r]);
       s(r, c) = prob;
-      dp(r, c) = prob * (dp(r, c) - row_d[r]);
+      dp(r, c) = score_mod.grad(prob * (dp(r, c) - row_d[r]), score, row0 + get<0>(coords(r, c)),
+                                col0 + get<1>(coords(r, c)));
     }
   }
 
@@ -99,21 +104,23 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, int tid, S
 // The step, in one copy per case where the traits ask for it (codegen/resources.py): behind a
 // plain `if`, ptxas predicates the mask into every step, two instructions per score element
 // (11% of the hd64 dK/dV kernel's instructions, ncu, notes/perf.md).
-template <class Traits, bool kCausal, class SmemQ, class SmemK, class SmemP>
-__device__ __forceinline__ void compute_p_ds(const BwdParams& p, int tid, SmemQ const& sQ,
+template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
+          class SmemP>
+__device__ __forceinline__ void compute_p_ds(const BwdParams& p, Seqs const& seq, Mask const& mask,
+                                             ScoreMod const& score_mod, int tid, SmemQ const& sQ,
                                              SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
                                              SmemP& sP, SmemP& sdS, int m_block, int n_block,
                                              const float* lse, const float* softmax_d) {
-  const bool masked = tile_needs_mask<kCausal, Traits::kBlockM, Traits::kBlockN>(
-      m_block, n_block, p.seqlen_k, p.causal_offset);
+  const bool masked =
+      mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(m_block, n_block);
   if constexpr (!Traits::kSplitMaskedStep) {
-    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
                                        softmax_d, masked);
   } else if (masked) {
-    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
                                        softmax_d, true_type{});
   } else {
-    compute_p_ds_tile<Traits, kCausal>(p, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
                                        softmax_d, false_type{});
   }
 }

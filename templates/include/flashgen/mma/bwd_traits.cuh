@@ -12,7 +12,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "flashgen/tiling.cuh"
+#include "flashgen/mma/tiling.cuh"
 
 namespace flashgen {
 

@@ -6,20 +6,24 @@
 
 #include <cute/tensor.hpp>
 
-#include "flashgen/accumulator.cuh"
-#include "flashgen/block_order.cuh"
-#include "flashgen/copy.cuh"
-#include "flashgen/fwd_traits.cuh"
-#include "flashgen/gemm.cuh"
-#include "flashgen/mask.cuh"
-#include "flashgen/params.h"
-#include "flashgen/softmax.cuh"
+#include "flashgen/mma/accumulator.cuh"
+#include "flashgen/mma/block_order.cuh"
+#include "flashgen/mma/copy.cuh"
+#include "flashgen/mma/fwd_traits.cuh"
+#include "flashgen/mma/gemm.cuh"
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
+#include "flashgen/common/seqinfo.cuh"
+#include "flashgen/mma/softmax.cuh"
 
 namespace flashgen {
 
 using namespace cute;
 
-template <class Traits, bool kCausal>
+// Mask: a policy of common/mask.cuh; Seqs: where the sequences are (common/seqinfo.cuh);
+// ScoreMod: common/score_mod.cuh.
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -39,35 +43,26 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const BlockWork work = block_work(int(blockIdx.x), num_m_blocks, p.batch * p.heads,
                                     p.ranks_per_round);
   const int m_block = num_m_blocks - 1 - work.rank;
-  const int batch = work.batch_head / p.heads;
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
+  const Seqs seq(p, work.batch_head / p.heads);
+  const Mask mask(seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod;
 
-  // Key blocks this query block needs: all of them, or under causal masking those up to the
-  // last row's diagonal. None (rows that see no key) still runs the epilogue: O = 0, lse = -inf.
-  const int rows_in_block = min(kBlockM, p.seqlen_q - m_block * kBlockM);
-  int n_block_max = (p.seqlen_k + kBlockN - 1) / kBlockN;
-  if constexpr (kCausal) {
-    const int last_visible_col = m_block * kBlockM + rows_in_block - 1 + p.causal_offset;
-    n_block_max = last_visible_col < 0 ? 0 : min(n_block_max, last_visible_col / kBlockN + 1);
-  }
+  // Key blocks this query block needs: those up to the mask's last visible one. None (rows that
+  // see no key) still runs the epilogue: O = 0, lse = -inf.
+  const int rows_in_block = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
+  const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + rows_in_block - 1);
 
-  // Global memory, (rows, head_dim) for this batch and head.
-  const auto* q_ptr = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
-                      head * p.q_head_stride;
-  const auto* k_ptr = static_cast<const Element*>(p.k) + batch * p.k_batch_stride +
-                      head_kv * p.k_head_stride;
-  const auto* v_ptr = static_cast<const Element*>(p.v) + batch * p.v_batch_stride +
-                      head_kv * p.v_head_stride;
-  auto* o_ptr = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
-  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(p.q_row_stride, _1{}));
-  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(p.k_row_stride, _1{}));
-  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(p.seqlen_k, Int<kHeadDim>{}),
-                          make_stride(p.v_row_stride, _1{}));
-  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(p.seqlen_q, Int<kHeadDim>{}),
-                          make_stride(p.o_row_stride, _1{}));
+  // Global memory, (rows, head_dim) for this sequence and head.
+  Tensor mQ = seq.template q_rows<const Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
+                                                           p.q_head_stride, head);
+  Tensor mK = seq.template k_rows<const Element, kHeadDim>(p.k, p.k_batch_stride, p.k_row_stride,
+                                                           p.k_head_stride, head_kv);
+  Tensor mV = seq.template k_rows<const Element, kHeadDim>(p.v, p.v_batch_stride, p.v_row_stride,
+                                                           p.v_head_stride, head_kv);
+  Tensor mO = seq.template q_rows<Element, kHeadDim>(p.o, p.o_batch_stride, p.o_row_stride,
+                                                     p.o_head_stride, head);
   Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));   // (BLK_M, HDP)
   Tensor gO = local_tile(mO, TileQ{}, make_coord(m_block, 0));   // (BLK_M, HDP)
   Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));        // (BLK_N, HDP, n_blocks)
@@ -94,7 +89,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_K)
 
   auto load_kv = [&](int n_block, int stage) {
-    const int rows = p.seqlen_k - n_block * kBlockN;
+    const int rows = seq.seqlen_k - n_block * kBlockN;
     copy_tile<true, kHeadDim>(gmem_copy, tKgK(_, _, _, n_block), tKsK(_, _, _, stage), tKVcKV, rows);
     copy_tile<true, kHeadDim>(gmem_copy, tVgV(_, _, _, n_block), tVsV(_, _, _, stage), tKVcKV, rows);
   };
@@ -136,8 +131,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
   // One key/value tile: S = Q K^T, the online softmax, O += P V. With kMask false (a
   // compile-time constant) the tile carries no masking code.
-  auto step = [&](int tile, auto mask) {
-    constexpr bool kMask = decltype(mask)::value;
+  auto step = [&](int tile, auto masked) {
+    constexpr bool kMask = decltype(masked)::value;
     const int n_block = n_block_max - 1 - tile;
     cp_async_wait<kKvStages - 2>();
     __syncthreads();
@@ -152,19 +147,17 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     }
     cp_async_fence();
 
-    const bool warp_sees_keys =
-        !(kMask && kCausal) ||
-        n_block * kBlockN <= m_block * kBlockM + warp_last_row + p.causal_offset;
+    const bool warp_sees_keys = !(kMask && Mask::kHidesKeys) ||
+                                mask.sees_from(m_block * kBlockM + warp_last_row, n_block * kBlockN);
     if (warp_sees_keys) {
       // S = Q K^T
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
       clear(acc_s);
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
               smem_copy_k);
-      if (kMask && tile_needs_mask<kCausal, kBlockM, kBlockN>(m_block, n_block, p.seqlen_k,
-                                                              p.causal_offset)) {
-        apply_mask<kCausal>(acc_s, tScS, m_block * kBlockM, n_block * kBlockN, p.seqlen_k,
-                            p.causal_offset);
+      apply_score_mod(score_mod, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
+      if (kMask && mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block)) {
+        apply_mask(mask, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
       }
       softmax.update(acc_s, acc_o, p.scale_log2);
 
@@ -184,8 +177,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   if constexpr (Traits::kSplitMaskedLoop) {
     // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first.
     CUTE_NO_UNROLL
-    for (; tile < n_tiles && tile_needs_mask<kCausal, kBlockM, kBlockN>(
-               m_block, n_block_max - 1 - tile, p.seqlen_k, p.causal_offset);
+    for (; tile < n_tiles &&
+           mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block_max - 1 - tile);
          ++tile) {
       step(tile, cute::true_type{});
     }
@@ -205,11 +198,11 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_K)
   Tensor row_coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));
   if (tid % 4 == 0) {
-    float* lse_ptr = p.softmax_lse + (int64_t(batch) * p.heads + head) * p.seqlen_q;
+    float* lse_ptr = p.softmax_lse + seq.row_stats_offset(p.heads, head);
     CUTE_UNROLL
     for (int r = 0; r < size<0>(row_coords); ++r) {
       const int row = m_block * kBlockM + get<0>(row_coords(r, 0));
-      if (row < p.seqlen_q) lse_ptr[row] = softmax.row_max[r];
+      if (row < seq.seqlen_q) lse_ptr[row] = softmax.row_max[r];
     }
   }
 

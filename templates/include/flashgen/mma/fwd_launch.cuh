@@ -4,20 +4,21 @@
 
 #include <cuda_runtime.h>
 
-#include "flashgen/fwd_kernel.cuh"
-#include "flashgen/launch_common.cuh"
-#include "flashgen/params.h"
+#include "flashgen/mma/fwd_kernel.cuh"
+#include "flashgen/common/launch.cuh"
+#include "flashgen/common/params.h"
 
 namespace flashgen {
 
-template <class Traits, bool kCausal>
+// Mask: a policy of common/mask.cuh.
+template <class Traits, class Mask>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads;
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 
-  auto kernel = fwd_kernel<Traits, kCausal>;
+  auto kernel = fwd_kernel<Traits, Mask>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }

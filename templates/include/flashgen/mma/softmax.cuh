@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cute/tensor.hpp>
 
-#include "flashgen/accumulator.cuh"
+#include "flashgen/mma/accumulator.cuh"
 
 namespace flashgen {
 
