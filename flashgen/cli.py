@@ -8,14 +8,16 @@ import time
 from pathlib import Path
 
 from codegen import build, paths, render
+from codegen import families
 from codegen.arch import ARCHS
 from codegen.config import DTYPES, ConfigError, load_config
-from codegen.spec import DIRECTIONS, enumerate_specs
+from codegen.masks import MASKS
+from codegen.spec import KINDS, enumerate_specs
 
 
 def _parser() -> argparse.ArgumentParser:
     from flashgen import __version__
-    from flashgen.bench import MODES
+    from flashgen.tools.bench import MODES
 
     parser = argparse.ArgumentParser(prog="flashgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
@@ -28,9 +30,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="target GPU arch; repeat for several")
         p.add_argument("--head-dim", type=int, action="append", help="only these head dims")
         p.add_argument("--dtype", action="append", choices=DTYPES, help="only these dtypes")
-        p.add_argument("--causal", choices=("true", "false"), help="only causal or non-causal")
-        p.add_argument("--direction", action="append", choices=DIRECTIONS,
-                       help="only forward or backward kernels (default: both)")
+        p.add_argument("--mask", action="append", choices=sorted(MASKS),
+                       help="only kernels of these mask kinds")
+        p.add_argument("--kind", action="append", choices=KINDS,
+                       help="only forward (fwd) or backward (bwd) kernels (default: both)")
+        p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),
+                       help="only these kernel families (default: every configured one)")
 
     gen = sub.add_parser("generate", help="render the config's kernels and compile them")
     add_selection(gen)
@@ -51,7 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--impl", action="append", help="implementations to time (default: all "
                        "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
                        "on request flashgen_deterministic, and flashgen_main_tile or "
-                       "flashgen_variant_tile: the forward on one tile whatever the shape)")
+                       "flashgen_alt_tile: the forward on one tile whatever the shape)")
     bench.add_argument("--mode", action="append", choices=MODES,
                        help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
                        "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd)")
@@ -79,10 +84,8 @@ def _parser() -> argparse.ArgumentParser:
 def _selected(args):
     config_path = args.config or paths.config_path()
     config = load_config(config_path)
-    specs = enumerate_specs(
-        config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
-        causal=None if args.causal is None else [args.causal == "true"],
-        directions=args.direction)
+    specs = enumerate_specs(config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
+                            masks=args.mask, kinds=args.kind, family_names=args.family)
     return config, specs
 
 
@@ -117,10 +120,10 @@ def _list(args) -> int:
     for spec in specs:
         entry = build.find_entry(spec)
         if entry is None:
-            print(f"{spec.name:48s} not built")
+            print(f"{spec.name:52s} not built")
             continue
         r = entry.resources
-        print(f"{spec.name:48s} built  {r.get('registers', '?')} registers, "
+        print(f"{spec.name:52s} built  {r.get('registers', '?')} registers, "
               f"{r.get('spill_bytes', '?')} bytes spilled  {entry.path}")
     print(f"{len(specs)} kernel(s)")
     return 0
@@ -129,7 +132,7 @@ def _list(args) -> int:
 def _bench(args) -> int:
     import json
 
-    from flashgen import bench
+    from flashgen.tools import bench
 
     if args.plot:
         result = bench.upgraded(json.loads(args.plot.read_text()))
@@ -172,7 +175,7 @@ def _bench(args) -> int:
 
 def _bench_argument_problem(args) -> str | None:
     """What is wrong with the bench's arguments, checked before looking for a GPU."""
-    from flashgen import bench
+    from flashgen.tools import bench
 
     unknown = sorted(set(args.impl or ()) - set(bench.KNOWN_IMPLEMENTATIONS))
     if unknown:
@@ -195,7 +198,7 @@ def _tune(args) -> int:
 
     from codegen.arch import arch_for_capability
     from codegen.spec import KernelSpec
-    from flashgen import tune
+    from flashgen.tools import tune
 
     if not torch.cuda.is_available():
         print("flashgen tune: no CUDA GPU on this machine; tune where the kernels will run",
@@ -206,21 +209,22 @@ def _tune(args) -> int:
         print(f"flashgen tune: this GPU is {arch}; it can only tune {arch}", file=sys.stderr)
         return 2
     config = load_config(args.config or paths.config_path())
-    head_dims = args.head_dim or config.head_dims(arch)
-    specs = [KernelSpec(arch, dtype, head_dim, causal, tile, direction)
-             for direction in (args.direction or DIRECTIONS)
-             for head_dim in head_dims for tile in tune.candidate_tiles(arch, head_dim, direction)
+    specs = [KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
+             for family in (args.family or config.families)
+             for kind in (args.kind or KINDS)
+             for head_dim in (args.head_dim or config.head_dims(family, kind, arch))
+             for tile in tune.candidate_tiles(family, kind, arch, head_dim)
              for dtype in (args.dtype or config.dtypes)
-             for causal in ([args.causal == "true"] if args.causal else config.causal)]
-    print(f"flashgen tune: {len(specs)} candidate kernels for {arch}, head dims {head_dims}")
+             for mask in (args.mask or config.masks)]
+    print(f"flashgen tune: {len(specs)} candidate kernels for {arch}")
     rows = tune.sweep(specs, seqlen=args.seqlen)
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     winners = tune.pick_winners(rows)
     text = config.path.read_text()
-    for (direction, head_dim), tile in sorted(winners.items()):
-        print(f"flashgen tune: {arch} {direction} head dim {head_dim}: {tile.suffix}")
-        text = tune.set_tile(text, arch, head_dim, tile, direction)
+    for (family, kind, head_dim), tile in sorted(winners.items()):
+        print(f"flashgen tune: {family} {arch} {kind} head dim {head_dim}: {tile.suffix}")
+        text = tune.set_tile(text, family, kind, arch, head_dim, tile)
     if args.write and winners:
         candidate = config.path.with_suffix(".tuned.tmp")
         candidate.write_text(text)

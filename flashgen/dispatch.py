@@ -1,10 +1,12 @@
-"""Which kernel runs a call: a pure function of the configured specs and the call's properties."""
+"""Which kernels can run a call: a pure function of the configured specs and the call's
+properties, returning candidates in an explicit order (family priority, then tile)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegen import families
 from codegen.spec import KernelSpec
 
 
@@ -12,8 +14,7 @@ class DispatchError(ValueError):
     """No configured kernel can run this call; the message says how to add one."""
 
 
-_EXAMPLE_TILES = {"fwd": "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2",
-                  "bwd": "block_m = 64\nblock_n = 64\nwarps = 8\nq_stages = 2"}
+_KIND_WORDS = {"fwd": "forward", "bwd": "backward"}
 
 
 @dataclass(frozen=True)
@@ -29,36 +30,50 @@ class Choice:
         return self.spec.head_dim if self.pad_head_dim else None
 
 
-def select(specs: tuple[KernelSpec, ...], arch: str, dtype: str, head_dim: int, causal: bool,
-           config_path: Path | str = "the config", direction: str = "fwd") -> Choice:
-    """The spec for this call: the exact head dim if configured, else the next larger one.
-    specs: the main tiles' specs (enumerate_specs(..., variants=False)), one per direction, arch,
-    dtype, head dim and causality."""
-    arch_specs = [s for s in specs if s.arch == arch and s.direction == direction]
-    what = "forward" if direction == "fwd" else "backward"
-    table = "" if direction == "fwd" else ".backward"
+def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, head_dim: int,
+               mask: str, config_path: Path | str = "the config",
+               family: str | None = None) -> tuple[Choice, ...]:
+    """Every spec that can run this call, best first: by family priority, then in each family
+    the head dim's tiles (its own head dim if configured, else the next larger one) in the
+    config's order, the main tile first. specs: every configured spec, each (family, kind, arch,
+    dtype, head dim, mask)'s tiles in the config's order. family: only that family's (None: all).
+    Raises DispatchError, saying how to configure one, when there is none."""
+    arch_specs = [s for s in specs if s.arch == arch and s.kind == kind
+                  and (family is None or s.family == family)]
+    what = _KIND_WORDS.get(kind, kind)
+    which = f"{family} " if family else ""
     if not arch_specs:
-        archs = sorted({s.arch for s in specs if s.direction == direction})
+        archs = sorted({s.arch for s in specs if s.kind == kind})
         raise DispatchError(
-            f"flashgen has no {what} kernels for this GPU's arch {arch}: {config_path} configures "
-            f"{', '.join(archs) or 'none'}. Add [arch.{arch}.head_dim.N{table}] tables to the config "
-            f"(shared-memory limits differ per arch) and run `flashgen generate --arch {arch}`.")
-    candidates = sorted((s for s in arch_specs if s.dtype == dtype and s.causal == causal),
-                        key=lambda s: s.head_dim)
-    if not candidates:
-        raise DispatchError(f"flashgen: {config_path} builds no {dtype} "
-                            f"{'causal' if causal else 'non-causal'} {what} kernels for {arch}")
-    for spec in candidates:
-        if spec.head_dim == head_dim:
-            return Choice(spec, pad_head_dim=False)
-    larger = [s for s in candidates if s.head_dim > head_dim]
-    if larger:
-        return Choice(larger[0], pad_head_dim=True)
-    configured = sorted({s.head_dim for s in candidates})
-    hint = (f"the largest head dim flashgen supports is 256"
-            if head_dim > 256 else
+            f"flashgen has no {which}{what} kernels for this GPU's arch {arch}: {config_path} "
+            f"configures {', '.join(archs) or 'none'}. Add [<family>.{arch}.head_dim.N] tables to "
+            f"the config (e.g. [mma.{arch}.head_dim.128]; shared-memory limits differ per arch) "
+            f"and run `flashgen generate --arch {arch}`.")
+    matching = [s for s in arch_specs if s.dtype == dtype and s.mask == mask]
+    if not matching:
+        raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
+                            f"with mask {mask!r} for {arch}")
+    chosen = []
+    for name in sorted({s.family for s in matching},
+                       key=lambda f: (families.FAMILIES[f].priority, f)):
+        of_family = [s for s in matching if s.family == name]
+        fitting = sorted({s.head_dim for s in of_family if s.head_dim >= head_dim})
+        if fitting:
+            chosen += [Choice(s, pad_head_dim=s.head_dim != head_dim) for s in of_family
+                       if s.head_dim == fitting[0]]
+    if chosen:
+        return tuple(chosen)
+    configured = sorted({s.head_dim for s in matching})
+    example = _example_table(matching[0], arch, head_dim)
+    hint = ("the largest head dim flashgen supports is 256" if head_dim > 256 else
             f"to add it, put this table in {config_path} and run "
-            f"`flashgen generate --arch {arch}`:\n"
-            f"[arch.{arch}.head_dim.{head_dim}{table}]\n{_EXAMPLE_TILES[direction]}")
+            f"`flashgen generate --arch {arch}`:\n{example}")
     raise DispatchError(f"flashgen: head_dim {head_dim} is not supported by the {what} on {arch}; "
                         f"configured head dims: {configured}; {hint}")
+
+
+def _example_table(spec: KernelSpec, arch: str, head_dim: int) -> str:
+    """A table configuring head_dim like the configured `spec` (its family, kind and tile)."""
+    kind = spec.family_record.kind(spec.kind)
+    table = f"[{spec.family}.{arch}.head_dim.{head_dim}{'.' + kind.table if kind.table else ''}]"
+    return "\n".join([table, *(f"{key} = {getattr(spec.tile, key)}" for key in spec.tile.keys())])

@@ -32,9 +32,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         validate.check_shapes(("q", "k", "v"), q, k, v, "(batch, seqlen, nheads, headdim)")
     _, seqlen_q, _, head_dim = q.shape
     scale = validate.check_scale(softmax_scale, head_dim)
-    causal_offset = k.shape[1] - seqlen_q  # bottom-right aligned
-    out, lse = ops.attention(q, k, v, scale, bool(causal), causal_offset, bool(deterministic),
-                             heads_first=False)
+    mask, mask_offset = ("causal", k.shape[1] - seqlen_q) if causal else ("none", 0)
+    out, lse = ops.attention(q, k, v, scale, mask, mask_offset, bool(deterministic),
+                             heads_first=False)  # causal aligned bottom-right
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -63,8 +63,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # views (batch, seq, heads, dim); spelled out, 0.5 us faster than a generator
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = ops.attention(q, k, v, softmax_scale, bool(is_causal), 0, deterministic,
-                           heads_first=True)
+    out, _ = ops.attention(q, k, v, softmax_scale, "causal" if is_causal else "none", 0,
+                           deterministic, heads_first=True)  # causal aligned top-left
     out = out.transpose(1, 2)
     return out.squeeze(0) if unbatched else out
 

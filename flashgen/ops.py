@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from flashgen import backward, forward
+from flashgen import backward, forward, launch
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the
@@ -22,19 +22,25 @@ from flashgen.validate import SUPPORTED_DTYPES
 # for their inputs (its default for custom ops differs across torch versions).
 _TAGS = (torch.Tag.pt2_compliant_tag, torch.Tag.needs_fixed_stride_order)
 _LIBRARY = torch.library.Library("flashgen", "DEF")
-_LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, bool causal, SymInt causal_offset, "
-                "bool deterministic, bool heads_first) -> (Tensor out, Tensor lse)", tags=_TAGS)
+# mask: a mask kind (codegen/masks.py), mask_offset its per-call offset (params.h). The optional
+# tensors are the room for variable-length batches (cu_seqlens_*, seqused_k) and paged KV caches
+# (page_table); the kernels refuse them until they exist.
+_LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
+                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
+                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None) "
+                "-> (Tensor out, Tensor lse)", tags=_TAGS)
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "float scale, bool causal, SymInt causal_offset, bool deterministic, "
-                "bool heads_first) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
+                "float scale, str mask, SymInt mask_offset, bool deterministic, "
+                "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) "
+                "-> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
 
 
-def attention(q, k, v, scale: float, causal: bool, causal_offset: int, deterministic: bool,
+def attention(q, k, v, scale: float, mask: str, mask_offset: int, deterministic: bool,
               heads_first: bool):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
     dtype. Differentiable in q, k and v (not through lse); deterministic only concerns the
     backward, which it makes bit-reproducible."""
-    arguments = (q, k, v, scale, causal, causal_offset, deterministic, heads_first)
+    arguments = (q, k, v, scale, mask, mask_offset, deterministic, heads_first)
     if _runs_plain_eager((q, k, v)):
         return _fwd_cuda(*arguments)
     return torch.ops.flashgen.fwd.default(*arguments)
@@ -56,32 +62,35 @@ def _runs_plain_eager(tensors) -> bool:
     return True
 
 
-def _fwd_cuda(q, k, v, scale, causal, causal_offset, deterministic, heads_first):
-    return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, causal, causal_offset,
-                           heads_first)
+def _fwd_cuda(q, k, v, scale, mask, mask_offset, deterministic, heads_first, *layout):
+    return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask, mask_offset,
+                           heads_first, *layout)
 
 
-def _fwd_fake(q, k, v, scale, causal, causal_offset, deterministic, heads_first):
+def _fwd_fake(q, k, v, scale, mask, mask_offset, deterministic, heads_first, *layout):
     return forward.empty_outputs(q, heads_first)
 
 
-def _bwd_cuda(dout, q, k, v, out, lse, scale, causal, causal_offset, deterministic, heads_first):
+def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, deterministic, heads_first,
+              *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
-    return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, causal,
-                             causal_offset, deterministic, heads_first)
+    return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
+                             mask_offset, deterministic, heads_first, *layout)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, scale, causal, causal_offset, deterministic, heads_first):
+def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, deterministic, heads_first,
+              *layout):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
-    return tuple(forward.empty_output(t, heads_first) for t in (q, k, v))
+    return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
 
 
 def _save_for_backward(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.arguments = inputs[3:]  # scale ... heads_first, in bwd's order
+    ctx.arguments = inputs[3:8]  # scale ... heads_first, in bwd's order
+    ctx.varlen = inputs[8:10]  # cu_seqlens_q, cu_seqlens_k (None until they are implemented)
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
@@ -90,11 +99,11 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    no_gradient = (None,) * 8  # one per flashgen::fwd argument
+    no_gradient = (None,) * 12  # one per flashgen::fwd argument
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
     q, k, v, out, lse = ctx.saved_tensors
-    arguments = (dout, q, k, v, out, lse, *ctx.arguments)
+    arguments = (dout, q, k, v, out, lse, *ctx.arguments, *ctx.varlen)
     if _runs_plain_eager(arguments[:6]):
         dq, dk, dv = _bwd_cuda(*arguments)
     else:

@@ -1,4 +1,5 @@
-"""The kernels the active config declares ($FLASHGEN_CONFIG or the default), per arch."""
+"""The kernels the active config declares ($FLASHGEN_CONFIG or the default), and dispatch over
+them."""
 
 from __future__ import annotations
 
@@ -7,28 +8,32 @@ from pathlib import Path
 
 from codegen import paths
 from codegen.config import Config, load_config
-from codegen.spec import KernelSpec, enumerate_specs
+from codegen.spec import KernelSpec
 from flashgen import dispatch
 
 
 @functools.cache
 def _load(path: Path) -> tuple[Config, tuple[KernelSpec, ...]]:
     config = load_config(path)
-    return config, tuple(enumerate_specs(config, variants=False))
+    specs = tuple(KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
+                  for (family, kind, arch, head_dim), tiles in config.tiles
+                  for dtype in config.dtypes for mask in config.masks for tile in tiles)
+    return config, specs
 
 
 def active_config() -> Config:
     return _load(paths.config_path())[0]
 
 
-def main_specs() -> tuple[KernelSpec, ...]:
-    """The main tiles' specs, one per (direction, arch, dtype, head dim, causal): what
-    dispatch.select chooses among (spec.forward_candidates adds a forward spec's variants)."""
+def specs() -> tuple[KernelSpec, ...]:
+    """Every configured spec; each (family, kind, arch, dtype, head dim, mask)'s tiles in the
+    config's order, the main tile first."""
     return _load(paths.config_path())[1]
 
 
-def main_choice(arch: str, dtype: str, head_dim: int, causal: bool,
-                direction: str) -> dispatch.Choice:
-    """dispatch.select among the active config's main tiles (its errors name the config)."""
-    return dispatch.select(main_specs(), arch, dtype, head_dim, causal, paths.config_path(),
-                           direction)
+def candidates(arch: str, kind: str, dtype: str, head_dim: int,
+               mask: str) -> tuple[dispatch.Choice, ...]:
+    """dispatch.candidates over the active config (its errors name the config), restricted to
+    $FLASHGEN_FAMILY when set."""
+    return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask, paths.config_path(),
+                               family=paths.forced_family())

@@ -89,11 +89,3 @@ def check_scale(softmax_scale, head_dim: int) -> float:
         raise ValueError(f"flashgen: softmax_scale must be a finite positive number, got "
                          f"{softmax_scale!r} (None means 1/sqrt(head_dim))")
     return scale
-
-
-def is_aligned(t: torch.Tensor) -> bool:
-    """16-byte loads need the base address and every stride of a (batch, seq, heads, dim) view
-    at a multiple of 8 (2-byte) elements."""
-    batch_stride, row_stride, head_stride, _ = t.stride()
-    # Strides are never negative, so the or has a low bit set iff one of them has.
-    return t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0

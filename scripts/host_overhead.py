@@ -31,20 +31,22 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from flashgen import forward, interface, loader, ops, validate
+from codegen import params
+from flashgen import forward, interface, launch, loader, ops, validate
 
 SHAPE = (1, 64, 1, 64)  # (batch, seqlen, heads, head_dim)
 # The functions of the eager path, as (module, name); those a call does not reach are left out.
 PATH = ([(interface, name) for name in ("flash_attn_func", "scaled_dot_product_attention",
                                         "_autocast", "_check_sdpa_tensors")]
         + [(validate, name) for name in ("check_unsupported", "passes_tensor_checks",
-                                         "check_tensors", "check_shapes", "check_scale",
-                                         "is_aligned")]
+                                         "check_tensors", "check_shapes", "check_scale")]
         + [(ops, name) for name in ("attention", "_runs_plain_eager", "_fwd_cuda")]
-        + [(forward, name) for name in ("forward", "_choose", "empty_outputs", "empty_output",
-                                        "launch", "_current_stream", "_current_device")])
+        + [(forward, name) for name in ("forward", "_plan", "empty_outputs", "run")]
+        + [(launch, name) for name in ("empty_output", "aligned", "is_aligned", "call_on_device",
+                                       "_current_stream", "_current_device")]
+        + [(params, "fwd_args")])
 # What --cpu-mock replaces by a constant: their CPU time says nothing.
-MOCKED = {"_choose", "_current_stream", "_current_device"}
+MOCKED = {"_plan", "_current_stream", "_current_device"}
 
 
 @dataclass
@@ -189,9 +191,9 @@ def cpu_mock():
                (torch, "empty_permuted",
                 lambda *a, device=None, **kw: real_empty_permuted(*a, device=cpu, **kw)),
                (torch.cuda, "synchronize", lambda: None),
-               (forward, "_current_stream", lambda index: 0),
-               (forward, "_current_device", lambda: 0),
-               (forward, "_choose", lambda *args: (launcher, None, 1))]
+               (launch, "_current_stream", lambda index: 0),
+               (launch, "_current_device", lambda: 0),
+               (forward, "_plan", lambda *args: (launcher, None, {"ranks_per_round": 1}))]
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)

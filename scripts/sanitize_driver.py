@@ -11,8 +11,8 @@ from flashgen import flash_attn_func
 from flashgen.reference import assert_close_fa2, attention_ref
 
 # (batch, seqlen_q, seqlen_k, heads, heads_kv): ragged edges, GQA, rows that see no key; the
-# small ones run the forward's block_m 64 variants (flashgen/tile_choice.py), the last its main
-# tiles.
+# small ones run the forward's block_m 64 alt tiles (flashgen/families/mma/tile_choice.py), the
+# last its main tiles.
 SHAPES = [(1, 1, 1, 2, 1), (2, 17, 113, 4, 2), (1, 239, 64, 2, 2), (4, 300, 257, 8, 2)]
 # One spec per tile shape of the default sm_90 table, both dtypes among them.
 SPECS = [(torch.bfloat16, 32), (torch.float16, 64), (torch.bfloat16, 96), (torch.float16, 128),

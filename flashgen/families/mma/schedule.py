@@ -1,5 +1,5 @@
 """The order in which the forward's and the backward's grids visit their blocks: pure
-functions, decoded by templates/include/flashgen/block_order.cuh.
+functions, decoded by templates/include/flashgen/mma/block_order.cuh.
 
 Each (batch, head) has `ranks` query blocks, rank 0 the longest (the last block: under causal
 masking it sees the most keys). The grid runs them in rounds of `ranks_per_round` ranks, longest
@@ -69,22 +69,28 @@ class BwdGrid(NamedTuple):
     splits: int = 1
 
 
-def ranks_per_round(causal: bool, ranks: int) -> int:
-    """Ranks per round for a forward grid of `ranks` query blocks per (batch, head)."""
-    return max(1, min(ranks, CAUSAL_RANKS_PER_ROUND)) if causal else max(1, ranks)
+def ranks_per_round(uneven: bool, ranks: int) -> int:
+    """Ranks per round for a forward grid of `ranks` query blocks per (batch, head); uneven: its
+    mask gives the blocks unequal work (hides_keys)."""
+    return max(1, min(ranks, CAUSAL_RANKS_PER_ROUND)) if uneven else max(1, ranks)
 
 
 def for_spec(spec, seqlen_q: int) -> int:
     """ranks_per_round for a forward KernelSpec's grid on seqlen_q query rows."""
-    return ranks_per_round(spec.causal, -(-seqlen_q // spec.block_m))
+    return ranks_per_round(hides_keys(spec.mask), -(-seqlen_q // spec.tile.block_m))
 
 
-def sorted_tail_blocks(causal: bool, key_blocks: int, batch_heads: int,
+def hides_keys(mask: str) -> bool:
+    """Whether a mask gives a sequence's blocks unequal work (the decisions above then differ)."""
+    return mask != "none"
+
+
+def sorted_tail_blocks(uneven: bool, key_blocks: int, batch_heads: int,
                        dq_bytes_per_batch_head: int, sm_count: int, l2_bytes: int) -> int:
     """BwdParams.sorted_tail_blocks for a backward grid of batch_heads (batch, KV head)s of
     key_blocks blocks each, each (batch, KV head) adding dQ into dq_bytes_per_batch_head of
     fp32 workspace, on a GPU of sm_count SMs and l2_bytes of L2."""
-    if not causal:
+    if not uneven:
         return 0
     blocks = SORTED_TAIL_WAVES * sm_count
     tail_batch_heads = min(batch_heads, -(-blocks // max(1, key_blocks)))
@@ -94,14 +100,14 @@ def sorted_tail_blocks(causal: bool, key_blocks: int, batch_heads: int,
 
 
 @functools.lru_cache(maxsize=1024)  # pure, and asked once per backward call: 4 us on a CPU
-def split_tail(causal: bool, deterministic: bool, blocks: int, steps: int,
+def split_tail(uneven: bool, deterministic: bool, blocks: int, steps: int,
                sm_count: int) -> tuple[int, int]:
     """(split_blocks, splits) for a dK/dV grid of `blocks` key blocks of `steps` steps each on
     sm_count SMs: the last wave's blocks, in as many pieces (at most MAX_SPLITS, each of at least
     MIN_PIECE_STEPS steps) as end the grid soonest by the model above, fewer on a tie; (0, 1) for
     no split."""
     last_wave = blocks % sm_count
-    if causal or deterministic or last_wave == 0:
+    if uneven or deterministic or last_wave == 0:
         return 0, 1
 
     def tail_steps(splits: int) -> int:

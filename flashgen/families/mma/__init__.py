@@ -1,0 +1,101 @@
+"""The mma family's run-time decisions (codegen/families/mma/ builds its kernels): which of a
+head dim's forward tiles runs a call (tile_choice.py), the grids' order and the backward's split
+(schedule.py), and the backward's workspaces."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import torch
+
+from codegen import params
+from codegen.families.mma import resources
+from flashgen.families.mma import schedule, tile_choice
+
+_LOG2_E = math.log2(math.e)
+# None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
+# pinned_forward_tile): read when a shape is first planned, never per call.
+_pinned_tile: int | None = None
+
+
+def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int):
+    """The spec that runs a forward call of this shape among a head dim's candidates (the main
+    tile first), and its FwdParams fields."""
+    if _pinned_tile is None:
+        sm_count, _ = device_resources(device_index)
+        tile = tile_choice.choose_tile([s.tile for s in candidates], batch_heads, seqlen_q,
+                                       sm_count)
+        spec = next(s for s in candidates if s.tile == tile)
+    elif _pinned_tile < len(candidates):
+        spec = candidates[_pinned_tile]
+    else:
+        raise NotImplementedError(f"flashgen: head dim {candidates[0].head_dim} has "
+                                  f"{len(candidates)} forward tile(s); tile {_pinned_tile} was "
+                                  f"pinned")
+    return spec, {"ranks_per_round": schedule.for_spec(spec, seqlen_q)}
+
+
+@contextlib.contextmanager
+def pinned_forward_tile(index: int):
+    """Inside, every newly planned forward shape runs candidate `index` of its head dim (0: the
+    main tile, 1: the first alt tile). The caller clears the forward's plans around it."""
+    global _pinned_tile
+    previous, _pinned_tile = _pinned_tile, index
+    try:
+        yield
+    finally:
+        _pinned_tile = previous
+
+
+def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
+                  deterministic: bool):
+    """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
+    seq, heads, dim) views; the scratch must live until the launch is queued."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    grid = backward_grid(spec, q, k, deterministic)
+    rows = batch * heads * seqlen_q
+    padded_head_dim = resources.padded_head_dim(head_dim)
+    # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
+    # on an H100 host): dQ's workspace (none when deterministic), the split blocks' dK, dV and
+    # counter (BwdTraits::kSplitFloats each), then D per query row. Freed after the launch: the
+    # caching allocator reuses it in stream order.
+    dq_floats = 0 if deterministic else rows * padded_head_dim
+    split_floats = grid.split_blocks * (2 * spec.tile.block_n * padded_head_dim + 1)
+    scratch = torch.empty(dq_floats + split_floats + rows, dtype=torch.float32, device=q.device)
+    address = scratch.data_ptr()
+    args = params.bwd_args(
+        q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
+        softmax_d=address + 4 * (dq_floats + split_floats),
+        dq_accum=0 if deterministic else address, dkv_accum=address + 4 * dq_floats,
+        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
+        softmax_scale=scale, scale_log2=scale * _LOG2_E, mask_offset=mask_offset,
+        sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
+        splits=grid.splits)
+    return args, scratch
+
+
+def backward_grid(spec, q, k, deterministic: bool) -> schedule.BwdGrid:
+    """The grids of the backward kernel `spec` on (batch, seq, heads, dim) views q and k
+    (schedule.py)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads // heads_kv
+    sm_count, l2_bytes = device_resources(q.get_device())
+    key_blocks = -(-seqlen_k // spec.tile.block_n)
+    dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
+    uneven = schedule.hides_keys(spec.mask)
+    sorted_tail_blocks = schedule.sorted_tail_blocks(uneven, key_blocks, batch * heads_kv,
+                                                     dq_bytes, sm_count, l2_bytes)
+    steps = group * -(-seqlen_q // spec.tile.block_m)  # a key block's steps with no mask
+    split = schedule.split_tail(uneven, deterministic, key_blocks * batch * heads_kv, steps,
+                                sm_count)
+    return schedule.BwdGrid(sorted_tail_blocks, *split)
+
+
+@functools.cache
+def device_resources(device_index: int) -> tuple[int, int]:
+    """The device's SM count and L2 bytes."""
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.L2_cache_size

@@ -1,0 +1,70 @@
+"""Host helpers every pass and family shares: the device and stream a launch runs on, output
+allocation, and the one alignment policy for inputs."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+# The current stream's handle as an int, as inductor's generated code gets it (CUDA builds of
+# torch only; launches see CUDA tensors only): torch.cuda.current_stream(device).cuda_stream
+# builds a Stream object first, 6 us of a 44 us call on an H100 host.
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# torch.cuda.current_device() without its lazy-initialisation check, which the tensors' existence
+# makes moot (0.4 us per call on a CPU). Not cached: torch.cuda.set_device may change it any time.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+_warned_copy = False
+
+
+def call_on_device(entry, device_index: int, args: tuple) -> None:
+    """entry(*args, stream): a binding function that launches kernels, on the tensors' device
+    and that device's current stream."""
+    stream = _current_stream(device_index)
+    if device_index == _current_device():
+        entry(*args, stream)
+    else:  # kernels launch on the current device: switch to the tensors' one
+        with torch.cuda.device(device_index):
+            entry(*args, stream)
+
+
+def empty_output(like: torch.Tensor, heads_first: bool):
+    """An uninitialised tensor with like's (batch, seq, heads, dim) shape, dtype and device;
+    heads_first lays it out in memory as (batch, heads, seq, dim), SDPA's layout. Never a view:
+    autograd refuses every in-place change of a view created inside a custom op, where PyTorch's
+    own SDPA output allows one."""
+    if heads_first:
+        return torch.empty_permuted(like.shape, (0, 2, 1, 3), dtype=like.dtype,
+                                    device=like.device)
+    # 1.6 us faster than torch.empty(like.shape, dtype=..., device=...) (torch 2.13, CPU)
+    return torch.empty_like(like, memory_format=torch.contiguous_format)
+
+
+def is_aligned(t: torch.Tensor) -> bool:
+    """16-byte loads need the base address and every stride of a (batch, seq, heads, dim) view
+    at a multiple of 8 (2-byte) elements."""
+    batch_stride, row_stride, head_stride, _ = t.stride()
+    # Strides are never negative, so the or has a low bit set iff one of them has.
+    return t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0
+
+
+def aligned(*tensors):
+    """The tensors, each copied to a contiguous one if is_aligned refuses it (exact; a one-time
+    notice says so, since the copy costs memory traffic)."""
+    if all(is_aligned(t) for t in tensors):
+        return tensors
+    global _warned_copy
+    if not _warned_copy:
+        print("flashgen: an input's address or strides are not multiples of 16 bytes; copying "
+              "it (pass contiguous tensors to avoid the copy)", file=sys.stderr)
+        _warned_copy = True
+    return tuple(t if is_aligned(t) else t.clone(memory_format=torch.contiguous_format)
+                 for t in tensors)
+
+
+def padded(tensors, head_dim: int):
+    """The tensors zero-padded along the head dim to head_dim (exact: zeros add nothing to q.k,
+    and the padded output columns are dropped)."""
+    import torch.nn.functional as F
+
+    return tuple(F.pad(t, (0, head_dim - t.shape[-1])) for t in tensors)

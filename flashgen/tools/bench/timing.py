@@ -1,0 +1,222 @@
+"""Timing the grid's cells: each implementation in each mode on the same inputs, and the result
+document of a run (report.py checks and formats it)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import statistics
+import subprocess
+
+from flashgen.tools.bench import report
+from flashgen.tools.bench.grid import (DEFAULT_MODES, IMPLEMENTATIONS, PINNED_TILES, grid_shape,
+                                       input_sets, mode_flops)
+
+
+def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
+    """Median of CUDA-event-timed calls, rotating through the input sets. The calls go out back
+    to back, as a training step issues them: no host synchronisation between calls, so each
+    call's host work (Python, autograd, allocation, launches) overlaps the GPU work queued before
+    it and shows in its time only where it outlasts that work (bench --overhead times the host
+    work alone). reset(*input set), if given, runs untimed before each call; it must not
+    synchronise."""
+    import torch
+
+    events = []
+    for i in range(warmup + repeats):
+        args = inputs[i % len(inputs)]
+        if reset is not None:
+            reset(*args)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*args)
+        end.record()
+        if i >= warmup:
+            events.append((start, end))
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def timed_call(mode: str, fn, inputs: list) -> tuple:
+    """(fn, input sets, reset) for time_ms, timing `mode` of the implementation fn; call it inside
+    backend(name). As FlashAttention's benchmark_backward and benchmark_combined: one untimed
+    forward per input set gives the graph (bwd) and the shape of dout, random like a real
+    gradient; gradients are set to None before each call, so accumulating into them adds no work."""
+    import torch
+
+    if mode == "fwd":
+        return fn, inputs, None
+    sets = []
+    for tensors in inputs:
+        q, k, v = (t.detach().requires_grad_() for t in tensors)  # shares the inputs' memory
+        out = fn(q, k, v)
+        sets.append((q, k, v, out if mode == "bwd" else None, torch.randn_like(out)))
+    if mode == "bwd":
+        return _backward, sets, _clear_grads
+    return (lambda q, k, v, _, dout: fn(q, k, v).backward(dout)), sets, _clear_grads
+
+
+def _backward(q, k, v, out, dout):
+    out.backward(dout, retain_graph=True)
+
+
+def _clear_grads(q, k, v, *_):
+    q.grad = k.grad = v.grad = None
+
+
+def implementation(name: str, causal: bool):
+    """A callable (q, k, v) on (batch, seq, heads, dim) tensors. SDPA backends must be called
+    inside backend(name): entered once around a whole timing loop, so its cost stays out of
+    the numbers."""
+    import torch.nn.functional as F
+
+    if name.startswith("flashgen"):
+        from flashgen import flash_attn_func
+
+        deterministic = name == "flashgen_deterministic"
+        return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    return lambda q, k, v: F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
+
+
+def backend(name: str):
+    """The context that selects an SDPA backend, or flashgen's forward tile (none for
+    flashgen itself: it picks by shape)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if name in PINNED_TILES:
+        return _pinned_tile(PINNED_TILES[name])
+    if name.startswith("flashgen"):
+        return contextlib.nullcontext()
+    return sdpa_kernel(getattr(SDPBackend, name))
+
+
+@contextlib.contextmanager
+def _pinned_tile(index: int):
+    """Inside, flashgen's forward runs its head dim's tile `index` (0: the main tile) for every
+    shape. Plans are cleared on both sides: a shape planned outside must be planned again inside,
+    and the pinned plans must not outlive the context."""
+    from flashgen import forward
+    from flashgen.families import mma
+
+    forward.clear_plans()
+    try:
+        with mma.pinned_forward_tile(index):
+            yield
+    finally:
+        forward.clear_plans()
+
+
+def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
+                  modes=DEFAULT_MODES, batch: int | None = None,
+                  heads: int | None = None) -> list[dict]:
+    """One cell per mode for this shape, every implementation timed on the same inputs."""
+    import torch
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    batch, heads = grid_shape(seqlen, head_dim, batch, heads)
+    set_bytes = 3 * batch * seqlen * heads * head_dim * 2
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    inputs = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch_dtype)
+               for _ in range(3)] for _ in range(input_sets(set_bytes, l2))]
+    cells = [{"mode": mode, "dtype": dtype, "head_dim": head_dim, "causal": causal,
+              "seqlen": seqlen, "batch": batch, "heads": heads,
+              "flops": mode_flops(mode, batch, heads, seqlen, seqlen, head_dim, causal),
+              "results": {}} for mode in modes]
+    for name in impls:
+        for cell in cells:
+            result = measure(name, cell["mode"], causal, inputs, cell["flops"])
+            if name.startswith("flashgen") and cell["mode"] != "bwd" and "tflops" in result:
+                result["tile"] = forward_tile(name, inputs[0][0], causal)
+            cell["results"][name] = result
+            torch.cuda.empty_cache()
+    return cells
+
+
+def forward_tile(name: str, q, causal: bool) -> str:
+    """The tile of the forward kernel that the flashgen implementation `name` runs on q."""
+    from flashgen import forward
+    from flashgen.validate import SUPPORTED_DTYPES
+
+    batch, seqlen_q, heads, head_dim = q.shape
+    with backend(name):
+        spec = forward.kernel_for(q.device, SUPPORTED_DTYPES[q.dtype], head_dim,
+                                  "causal" if causal else "none", batch * heads, seqlen_q)
+    return spec.tile.suffix
+
+
+def measure(name: str, mode: str, causal: bool, inputs: list, flops: float) -> dict:
+    """{"ms", "tflops"} of one implementation in one mode, or why it did not run."""
+    try:
+        with backend(name):
+            fn, sets, reset = timed_call(mode, implementation(name, causal), inputs)
+            ms = time_ms(fn, sets, reset=reset)
+        return {"ms": ms, "tflops": flops / ms / 1e9}
+    except NotImplementedError as e:  # a subclass of RuntimeError: caught first
+        return {"unsupported": _first_line(e)}
+    except RuntimeError as e:  # out of memory, or the backend has no kernel for this shape
+        return {"error": _first_line(e)}
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+
+
+def environment() -> dict:
+    import torch
+
+    from flashgen import __version__
+
+    props = torch.cuda.get_device_properties(0)
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": props.name, "sm_count": props.multi_processor_count,
+        "capability": list(torch.cuda.get_device_capability(0)),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(), "flashgen": __version__,
+        "flashgen_commit": _git_commit(),
+    }
+    try:
+        query = "clocks.sm,clocks.max.sm,clocks.mem,driver_version,power.limit"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        env.update(zip(["clock_sm", "clock_sm_max", "clock_mem", "driver", "power_limit"],
+                       (v.strip() for v in out.splitlines()[0].split(","))))
+    except (OSError, IndexError, subprocess.SubprocessError):
+        env["driver"] = None
+    return env
+
+
+def _git_commit() -> str | None:
+    """HEAD, with "+dirty" when the working tree differs from it (as on a machine that received a
+    copy of the files but kept an older .git)."""
+    from codegen.paths import REPO_ROOT
+
+    def git(*args) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=10)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run(dtypes, head_dims, seqlens, causal, impls=IMPLEMENTATIONS, modes=DEFAULT_MODES,
+        batch: int | None = None, heads: int | None = None, log=print) -> dict:
+    """Measures every cell of the grid in every mode; returns the result document (see
+    report.check_schema). batch and heads replace grid_shape's convention where given."""
+    cells = []
+    for dtype in dtypes:
+        for head_dim in head_dims:
+            for is_causal in causal:
+                for seqlen in seqlens:
+                    for cell in measure_cells(dtype, head_dim, is_causal, seqlen, impls, modes,
+                                              batch, heads):
+                        cells.append(cell)
+                        log(report.format_cell(cell))
+    return {"schema": report.SCHEMA_VERSION, "environment": environment(), "cells": cells}
