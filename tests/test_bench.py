@@ -8,34 +8,35 @@ import subprocess
 import pytest
 import torch
 
-from flashgen import bench
 from flashgen.cli import main
+from flashgen.tools import bench
+from flashgen.tools.bench import grid, peak_memory, report, timing
 
 
 def test_forward_flops_follow_flash_attention_convention():
-    assert bench.forward_flops(4, 16, 4096, 4096, 128, False) == 4 * 4 * 16 * 4096**2 * 128
-    assert bench.forward_flops(4, 16, 4096, 4096, 128, True) == 2 * 4 * 16 * 4096**2 * 128
-    assert bench.forward_flops(1, 1, 3, 5, 8, False) == 4 * 3 * 5 * 8  # seqlen_q != seqlen_k
+    assert grid.forward_flops(4, 16, 4096, 4096, 128, False) == 4 * 4 * 16 * 4096**2 * 128
+    assert grid.forward_flops(4, 16, 4096, 4096, 128, True) == 2 * 4 * 16 * 4096**2 * 128
+    assert grid.forward_flops(1, 1, 3, 5, 8, False) == 4 * 3 * 5 * 8  # seqlen_q != seqlen_k
 
 
 @pytest.mark.parametrize("seqlen, head_dim, shape", [(4096, 128, (4, 16)), (16384, 64, (1, 32)),
                                                      (512, 256, (32, 8)), (32768, 128, (1, 16))])
 def test_grid_keeps_16k_tokens_and_2048_hidden(seqlen, head_dim, shape):
-    assert bench.grid_shape(seqlen, head_dim) == shape
+    assert grid.grid_shape(seqlen, head_dim) == shape
 
 
 def test_input_sets_rotate_only_when_they_fit_in_l2():
     l2 = 50 * 2**20
-    assert bench.input_sets(200 * 2**20, l2) == 1
-    assert bench.input_sets(30 * 2**20, l2) == 7
-    assert bench.input_sets(1, l2) == 8
+    assert grid.input_sets(200 * 2**20, l2) == 1
+    assert grid.input_sets(30 * 2**20, l2) == 7
+    assert grid.input_sets(1, l2) == 8
 
 
 def fake_cell(mode, seqlen, results):
-    batch, heads = bench.grid_shape(seqlen, 128)
+    batch, heads = grid.grid_shape(seqlen, 128)
     return {"mode": mode, "dtype": "bf16", "head_dim": 128, "causal": True, "seqlen": seqlen,
             "batch": batch, "heads": heads,
-            "flops": bench.mode_flops(mode, batch, heads, seqlen, seqlen, 128, True),
+            "flops": grid.mode_flops(mode, batch, heads, seqlen, seqlen, 128, True),
             "results": results}
 
 
@@ -53,27 +54,27 @@ def fake_result():
     env = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-11-21T00:00:00+00:00", "torch": "2.11",
            "cuda": "13.0", "cudnn": 91900, "flashgen": "0.1.0", "flashgen_commit": "abc",
            "driver": "580"}
-    return {"schema": bench.SCHEMA_VERSION, "environment": env, "cells": cells}
+    return {"schema": report.SCHEMA_VERSION, "environment": env, "cells": cells}
 
 
 def test_backward_flops_are_2_5x_and_forward_backward_3_5x_the_forward():
     full = 4 * 4 * 16 * 4096**2 * 128
-    assert bench.mode_flops("fwd", 4, 16, 4096, 4096, 128, False) == full
-    assert bench.mode_flops("bwd", 4, 16, 4096, 4096, 128, False) == 2.5 * full
-    assert bench.mode_flops("fwd_bwd", 4, 16, 4096, 4096, 128, False) == 3.5 * full
-    assert bench.mode_flops("bwd", 4, 16, 4096, 4096, 128, True) == 1.25 * full
+    assert grid.mode_flops("fwd", 4, 16, 4096, 4096, 128, False) == full
+    assert grid.mode_flops("bwd", 4, 16, 4096, 4096, 128, False) == 2.5 * full
+    assert grid.mode_flops("fwd_bwd", 4, 16, 4096, 4096, 128, False) == 3.5 * full
+    assert grid.mode_flops("bwd", 4, 16, 4096, 4096, 128, True) == 1.25 * full
     assert fake_result()["cells"][1]["flops"] == 2.5 * 4 * 2 * 16 * 8192**2 * 128 / 2
 
 
 def test_result_document_round_trips_through_json(tmp_path):
     result = fake_result()
-    json_path, md_path = bench.write(result, tmp_path)
+    json_path, md_path = report.write(result, tmp_path)
     assert json.loads(json_path.read_text()) == result
-    assert md_path.read_text() == bench.markdown(result)
+    assert md_path.read_text() == report.markdown(result)
 
 
 def test_markdown_has_a_section_per_mode_in_mode_order():
-    md = bench.markdown(fake_result())
+    md = report.markdown(fake_result())
     fwd = md.index("## fwd: forward (FLOPs = 1 x forward)")
     bwd = md.index("## bwd: backward (FLOPs = 2.5 x forward)")
     assert fwd < md.index("### fwd bf16 head dim 128 causal") < bwd
@@ -88,16 +89,16 @@ def test_markdown_has_a_section_per_mode_in_mode_order():
 
 def test_screen_line_names_mode_and_ratio():
     bwd_4k, bwd_8k, fwd = fake_result()["cells"]
-    assert bench.format_cell(fwd).startswith("fwd     bf16 hd128 causal seqlen   4096 (4 x 16)")
-    assert "flashgen/FLASH_ATTENTION 0.90x" in bench.format_cell(fwd)
-    assert "flashgen unsupported" in bench.format_cell(bwd_4k)
-    assert "MATH    n/a" in bench.format_cell(bwd_4k)
-    assert bench.format_cell(bwd_8k).startswith("bwd     ")
-    assert bench.format_cell(bwd_8k).endswith("flashgen/FLASH_ATTENTION 1.10x")
+    assert report.format_cell(fwd).startswith("fwd     bf16 hd128 causal seqlen   4096 (4 x 16)")
+    assert "flashgen/FLASH_ATTENTION 0.90x" in report.format_cell(fwd)
+    assert "flashgen unsupported" in report.format_cell(bwd_4k)
+    assert "MATH    n/a" in report.format_cell(bwd_4k)
+    assert report.format_cell(bwd_8k).startswith("bwd     ")
+    assert report.format_cell(bwd_8k).endswith("flashgen/FLASH_ATTENTION 1.10x")
 
 
 def test_valid_result_passes_the_schema_check():
-    bench.check_schema(fake_result())
+    report.check_schema(fake_result())
 
 
 @pytest.mark.parametrize("breakage, message", [
@@ -117,7 +118,7 @@ def test_malformed_results_are_rejected(breakage, message):
     result = fake_result()
     breakage(result)
     with pytest.raises(ValueError, match=message):
-        bench.check_schema(result)
+        report.check_schema(result)
 
 
 def test_plot_from_json_needs_no_gpu_and_draws_a_figure_per_mode(tmp_path, capsys):
@@ -161,15 +162,16 @@ def cpu_inputs():
 @pytest.mark.parametrize("mode", ["bwd", "fwd_bwd"])
 def test_timed_backward_gives_the_gradient_of_a_random_dout_without_accumulating(mode):
     inputs = cpu_inputs()
-    with bench.backend("MATH"):
-        fn, sets, reset = bench.timed_call(mode, bench.implementation("MATH", True), inputs)
+    with timing.backend("MATH"):
+        fn, sets, reset = timing.timed_call(mode, timing.implementation("MATH", True), inputs)
         q, k, v, out, dout = sets[0]
         assert (out is not None) == (mode == "bwd")  # only bwd keeps the forward's graph
         assert q.data_ptr() == inputs[0][0].data_ptr() and not inputs[0][0].requires_grad
         for _ in range(2):  # twice: a second backward must neither fail nor accumulate
             reset(*sets[0])
             fn(*sets[0])
-        expected = torch.autograd.grad(bench.implementation("MATH", True)(q, k, v), (q, k, v), dout)
+        expected = torch.autograd.grad(timing.implementation("MATH", True)(q, k, v), (q, k, v),
+                                       dout)
     assert dout.abs().min() > 0
     for grad, want in zip((q.grad, k.grad, v.grad), expected):
         torch.testing.assert_close(grad, want)
@@ -177,8 +179,8 @@ def test_timed_backward_gives_the_gradient_of_a_random_dout_without_accumulating
 
 def test_timed_forward_is_the_plain_call():
     inputs = cpu_inputs()
-    fn = bench.implementation("MATH", False)
-    assert bench.timed_call("fwd", fn, inputs) == (fn, inputs, None)
+    fn = timing.implementation("MATH", False)
+    assert timing.timed_call("fwd", fn, inputs) == (fn, inputs, None)
 
 
 def raising(error):
@@ -198,9 +200,9 @@ def raising(error):
 ])
 def test_each_implementation_and_mode_is_timed_or_recorded_as_not_run(monkeypatch, impl, mode,
                                                                       expected):
-    monkeypatch.setattr(bench, "time_ms", cpu_time_ms)
-    monkeypatch.setattr(bench, "implementation", lambda name, causal: impl)
-    assert bench.measure("flashgen", mode, False, cpu_inputs(), flops=8e9) == expected
+    monkeypatch.setattr(timing, "time_ms", cpu_time_ms)
+    monkeypatch.setattr(timing, "implementation", lambda name, causal: impl)
+    assert timing.measure("flashgen", mode, False, cpu_inputs(), flops=8e9) == expected
 
 
 MIB = 2**20
@@ -211,13 +213,13 @@ MEMORY_ROWS = [  # flashgen: fixed 1 MiB + 12 KiB per token; MATH: quadratic, th
 
 
 def test_memory_rows_are_formatted_per_mode_and_seqlen():
-    line = bench.format_memory_row(MEMORY_ROWS[3], ["flashgen", "MATH", "CUDNN_ATTENTION"])
+    line = peak_memory.format_memory_row(MEMORY_ROWS[3], ["flashgen", "MATH", "CUDNN_ATTENTION"])
     assert line == ("fwd_bwd seqlen   8192  flashgen     97.0 MiB  MATH          OOM  "
                     "CUDNN_ATTENTION  unsupported")
 
 
 def test_memory_growth_report_tells_linear_from_quadratic():
-    assert bench.growth_report(MEMORY_ROWS, ["flashgen", "MATH", "CUDNN_ATTENTION"]) == [
+    assert peak_memory.growth_report(MEMORY_ROWS, ["flashgen", "MATH", "CUDNN_ATTENTION"]) == [
         "fwd_bwd flashgen: linear, 13.0 KiB per token at seqlen 1024, 12.1 at 8192",
         "fwd_bwd MATH: NOT linear, 208.0 KiB per token at seqlen 1024, 832.0 at 4096",
         "fwd_bwd CUDNN_ATTENTION: ran at 0 seqlen(s), no growth to judge (unsupported)",
@@ -226,7 +228,7 @@ def test_memory_growth_report_tells_linear_from_quadratic():
 
 def test_memory_growth_needs_two_seqlens():
     rows = [{"mode": "fwd", "seqlen": 4096, "flashgen": 16 * MIB}]
-    assert bench.growth_report(rows, ["flashgen"]) == [
+    assert peak_memory.growth_report(rows, ["flashgen"]) == [
         "fwd     flashgen: ran at 1 seqlen(s), no growth to judge"]
 
 
@@ -234,7 +236,7 @@ def test_memory_growth_needs_two_seqlens():
                                                ((10, 11, 12), True), ((10, 12, 13), False)])
 def test_linear_growth_allows_allocator_rounding_not_superlinear_growth(per_token, linear):
     points = [(n, b * n) for n, b in zip((1024, 4096, 16384), per_token)]
-    assert bench.grows_linearly(points) is linear
+    assert peak_memory.grows_linearly(points) is linear
 
 
 @pytest.fixture
@@ -301,13 +303,30 @@ def test_unknown_implementation_is_rejected(capsys):
 
 def test_version_1_results_still_plot():
     """Runs committed before the backward existed hold forward cells without a mode."""
-    from codegen import paths
+    from pathlib import Path
 
-    old = json.loads((paths.REPO_ROOT / "notes/runs/2026-11-21-h100-final/results.json").read_text())
+    old = json.loads((Path(__file__).parent / "data/results_schema1.json").read_text())
     assert old["schema"] == 1
     result = bench.upgraded(old)
-    bench.check_schema(result)
+    report.check_schema(result)
     assert {cell["mode"] for cell in result["cells"]} == {"fwd"}
+    without_mode = [{k: v for k, v in c.items() if k != "mode"} for c in old["cells"]]
+    assert [{k: v for k, v in c.items() if k != "mode"} for c in result["cells"]] == without_mode
+
+
+def test_results_naming_the_alt_tile_by_its_former_name_are_upgraded():
+    result = with_tiles(fake_result())
+    forward_results = result["cells"][2]["results"]
+    forward_results["flashgen_variant_tile"] = {"ms": 0.8, "tflops": 330.0, "tile": "m64n64w4s2"}
+    upgraded = bench.upgraded(result)
+    report.check_schema(upgraded)
+    renamed = upgraded["cells"][2]["results"]
+    assert "flashgen_variant_tile" not in renamed
+    assert renamed["flashgen_alt_tile"] == {"ms": 0.8, "tflops": 330.0, "tile": "m64n64w4s2"}
+    assert list(renamed) == ["flashgen", "FLASH_ATTENTION", "MATH", "flashgen_main_tile",
+                             "flashgen_alt_tile"]
+    assert "flashgen_alt_tile" in report.markdown(upgraded)
+    assert bench.upgraded(fake_result()) == fake_result()  # nothing to upgrade
 
 
 def test_deterministic_flashgen_is_an_implementation_on_request(monkeypatch):
@@ -319,17 +338,17 @@ def test_deterministic_flashgen_is_an_implementation_on_request(monkeypatch):
     monkeypatch.setattr(flashgen, "flash_attn_func",
                         lambda q, k, v, causal, deterministic: seen.update(
                             causal=causal, deterministic=deterministic))
-    bench.implementation("flashgen_deterministic", causal=True)(None, None, None)
+    timing.implementation("flashgen_deterministic", causal=True)(None, None, None)
     assert seen == {"causal": True, "deterministic": True}
-    bench.implementation("flashgen", causal=False)(None, None, None)
+    timing.implementation("flashgen", causal=False)(None, None, None)
     assert seen == {"causal": False, "deterministic": False}
-    assert type(bench.backend("flashgen_deterministic")).__name__ == "nullcontext"
+    assert type(timing.backend("flashgen_deterministic")).__name__ == "nullcontext"
 
 
 def test_batch_and_heads_replace_the_grid_convention():
-    assert bench.grid_shape(4096, 128, batch=1) == (1, 16)
-    assert bench.grid_shape(4096, 128, heads=8) == (4, 8)
-    assert bench.grid_shape(4096, 128, batch=2, heads=4) == (2, 4)
+    assert grid.grid_shape(4096, 128, batch=1) == (1, 16)
+    assert grid.grid_shape(4096, 128, heads=8) == (4, 8)
+    assert grid.grid_shape(4096, 128, batch=2, heads=4) == (2, 4)
 
 
 def test_batch_and_heads_options_reach_the_grid(fake_gpu):
@@ -357,36 +376,49 @@ def test_bad_batch_or_heads_is_rejected_before_looking_for_a_gpu(fake_gpu, capsy
     assert "run" not in fake_gpu and "memory" not in fake_gpu
 
 
-def test_forced_tile_implementations_are_flashgen_on_one_tile():
-    """Timed only when named: flash_attn_func inside forward.forced_tile (0: the main tile)."""
+def test_pinned_tile_implementations_are_flashgen_on_one_tile(monkeypatch):
+    """Timed only when named: flash_attn_func inside mma.pinned_forward_tile (0: the main tile),
+    with the forward's plans cleared on entering and on leaving."""
     from flashgen import forward
+    from flashgen.families import mma
 
-    assert not set(bench.FORCED_TILES) & set(bench.IMPLEMENTATIONS)
-    assert set(bench.FORCED_TILES) <= set(bench.KNOWN_IMPLEMENTATIONS)
-    with bench.backend("flashgen_main_tile"):
-        assert forward._forced_tile == 0
-    with bench.backend("flashgen_variant_tile"):
-        assert forward._forced_tile == 1
-    with bench.backend("flashgen"):
-        assert forward._forced_tile is None
+    cleared = []
+    monkeypatch.setattr(forward, "clear_plans", lambda: cleared.append(mma._pinned_tile))
+    assert set(grid.PINNED_TILES) == {"flashgen_main_tile", "flashgen_alt_tile"}
+    assert not set(grid.PINNED_TILES) & set(bench.IMPLEMENTATIONS)
+    assert set(grid.PINNED_TILES) <= set(bench.KNOWN_IMPLEMENTATIONS)
+    assert "flashgen_variant_tile" not in bench.KNOWN_IMPLEMENTATIONS
+    with timing.backend("flashgen_main_tile"):
+        assert mma._pinned_tile == 0
+    assert mma._pinned_tile is None and cleared == [None, None]
+    with timing.backend("flashgen_alt_tile"):
+        assert mma._pinned_tile == 1
+    assert mma._pinned_tile is None and cleared == [None] * 4
+    with timing.backend("flashgen"):
+        assert mma._pinned_tile is None
+    assert cleared == [None] * 4  # flashgen itself picks by shape: its plans stay
 
 
-def test_forward_tile_names_the_tile_the_implementation_runs(monkeypatch):
-    from codegen.config import Tile
+@pytest.mark.parametrize("causal, mask", [(True, "causal"), (False, "none")])
+def test_forward_tile_names_the_tile_the_implementation_runs(monkeypatch, causal, mask):
+    from codegen.families.mma import FwdTile
     from flashgen import forward
+    from flashgen.families import mma
 
     seen = {}
 
-    def kernel_for(device, dtype, head_dim, causal, batch_heads, seqlen_q):
-        seen.update(dtype=dtype, head_dim=head_dim, causal=causal, batch_heads=batch_heads,
-                    seqlen_q=seqlen_q, forced=forward._forced_tile)
-        return type("Spec", (), {"tile": Tile(64, 64, 4, 2)})
+    def kernel_for(device, dtype, head_dim, mask, batch_heads, seqlen_q):
+        seen.update(dtype=dtype, head_dim=head_dim, mask=mask, batch_heads=batch_heads,
+                    seqlen_q=seqlen_q, pinned=mma._pinned_tile)
+        return type("Spec", (), {"tile": FwdTile(64, 64, 4, 2)})
 
     monkeypatch.setattr(forward, "kernel_for", kernel_for)
     q = torch.empty(2, 512, 8, 128, dtype=torch.bfloat16)
-    assert bench.forward_tile("flashgen_main_tile", q, causal=True) == "m64n64w4s2"
-    assert seen == {"dtype": "bf16", "head_dim": 128, "causal": True, "batch_heads": 16,
-                    "seqlen_q": 512, "forced": 0}
+    assert timing.forward_tile("flashgen_main_tile", q, causal=causal) == "m64n64w4s2"
+    assert seen == {"dtype": "bf16", "head_dim": 128, "mask": mask, "batch_heads": 16,
+                    "seqlen_q": 512, "pinned": 0}
+    assert timing.forward_tile("flashgen", q, causal=causal) == "m64n64w4s2"
+    assert seen["pinned"] is None
 
 
 def with_tiles(result):
@@ -399,24 +431,24 @@ def with_tiles(result):
 
 def test_results_name_the_forward_tile_and_what_the_choice_gains():
     result = with_tiles(fake_result())
-    bench.check_schema(result)
-    md = bench.markdown(result)
+    report.check_schema(result)
+    md = report.markdown(result)
     assert ("| seqlen | batch x heads | flashgen | FLASH_ATTENTION | MATH | flashgen_main_tile "
             "| ratio | vs main tile |") in md
     assert ("| 4096 | 4 x 16 | 270.0 (m64n64w4s2) | 300.0 | n/a | 180.0 (m128n64w4s2) | 0.90 "
             "| 1.50 |") in md
-    line = bench.format_cell(result["cells"][2])
+    line = report.format_cell(result["cells"][2])
     assert "flashgen 270.0 (m64n64w4s2)" in line
     assert line.endswith("flashgen/FLASH_ATTENTION 0.90x  flashgen/flashgen_main_tile 1.50x")
 
 
 @pytest.mark.parametrize("porcelain, expected",
-                         [("", "abc123"), (" M flashgen/bench.py\n", "abc123+dirty")])
+                         [("", "abc123"), (" M flashgen/tools/bench/timing.py\n", "abc123+dirty")])
 def test_commit_says_when_the_tree_differs_from_head(monkeypatch, porcelain, expected):
     outputs = {"rev-parse": "abc123\n", "status": porcelain}
 
     def fake_run(command, **kwargs):
         return subprocess.CompletedProcess(command, 0, stdout=outputs[command[1]], stderr="")
 
-    monkeypatch.setattr(bench.subprocess, "run", fake_run)
-    assert bench._git_commit() == expected
+    monkeypatch.setattr(timing.subprocess, "run", fake_run)
+    assert timing._git_commit() == expected

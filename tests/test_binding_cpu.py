@@ -1,8 +1,8 @@
-"""The pybind11 binding on a CPU: what forward.launch and backward.launch pass reaches the launcher
-in the right FwdParams / BwdParams fields, every field from its own argument (no two sizes or
-strides are equal), and the ctypes mirrors of the structures match params.h. The launcher is a
-Python function behind a C function pointer that copies the params it gets; the binding is built
-with the host compiler (seconds)."""
+"""The pybind11 binding on a CPU: what forward.run and backward.run pass reaches the launcher in
+the right FwdParams / BwdParams members, every member from its own argument (no two sizes or
+strides are equal), and ctypes structures made from codegen/params.py's table match params.h.
+The launcher is a Python function behind a C function pointer that copies the params it gets; the
+binding is built with the host compiler (seconds)."""
 
 from __future__ import annotations
 
@@ -22,37 +22,25 @@ pytest.importorskip("pybind11")
 if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no host C++ compiler to build the binding", allow_module_level=True)
 
-from codegen import build, paths, resources  # noqa: E402
-from flashgen import backward, forward, loader, schedule  # noqa: E402
+from codegen import build, params, paths  # noqa: E402
+from codegen.families.mma import resources  # noqa: E402
+from flashgen import backward, forward, launch, loader  # noqa: E402
+from flashgen.families import mma  # noqa: E402
+from flashgen.families.mma import schedule  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
+CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
 
 
-def stride_fields(*tensors):
-    return [(f"{t}_{s}_stride", ctypes.c_int64) for t in tensors for s in STRIDE_NAMES]
+def ctypes_structure(name: str, fields_) -> type:
+    """A ctypes mirror of one params struct, from the table's members."""
+    members = [(member, ctypes.c_void_p if ctype.endswith("*") else CTYPES[ctype])
+               for ctype, member in params.members(fields_)]
+    return type(name, (ctypes.Structure,), {"_fields_": members})
 
 
-SIZE_FIELDS = [(name, ctypes.c_int) for name in ("batch", "heads", "heads_kv", "seqlen_q",
-                                                  "seqlen_k")]
-SCALE_FIELDS = [("softmax_scale", ctypes.c_float), ("scale_log2", ctypes.c_float),
-                ("causal_offset", ctypes.c_int)]
-
-
-class FwdParams(ctypes.Structure):
-    """templates/include/flashgen/params.h's FwdParams, field by field."""
-    _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "softmax_lse")]
-                + stride_fields("q", "k", "v", "o") + SIZE_FIELDS + SCALE_FIELDS
-                + [("ranks_per_round", ctypes.c_int)])
-
-
-class BwdParams(ctypes.Structure):
-    """params.h's BwdParams, field by field."""
-    _fields_ = ([(name, ctypes.c_void_p) for name in ("q", "k", "v", "o", "dout", "softmax_lse",
-                                                       "dq", "dk", "dv", "softmax_d", "dq_accum",
-                                                       "dkv_accum")]
-                + stride_fields("q", "k", "v", "o", "do", "dq", "dk", "dv") + SIZE_FIELDS
-                + SCALE_FIELDS + [(name, ctypes.c_int) for name in ("sorted_tail_blocks",
-                                                                    "split_blocks", "splits")])
+FwdParams = ctypes_structure("FwdParams", params.FWD_FIELDS)
+BwdParams = ctypes_structure("BwdParams", params.BWD_FIELDS)
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +79,8 @@ class RecordingLauncher:
 def binding(built_binding, monkeypatch):
     """The built binding behind loader.binding(); stream 77 current on the tensors' (CPU) device."""
     monkeypatch.setattr(loader, "_binding", built_binding)
-    monkeypatch.setattr(forward, "_current_stream", lambda device_index: 77)
-    monkeypatch.setattr(forward, "_current_device", lambda: -1)  # a CPU tensor's get_device()
+    monkeypatch.setattr(launch, "_current_stream", lambda device_index: 77)
+    monkeypatch.setattr(launch, "_current_device", lambda: -1)  # a CPU tensor's get_device()
 
 
 def distinct_strides(*shapes):
@@ -123,19 +111,19 @@ def tensor_fields(**tensors) -> dict:
     return filled
 
 
-def problem_fields(q, k, scale, causal_offset) -> dict:
-    """The size, scale and causal offset fields that both params structures have."""
+def problem_fields(q, k, scale, mask_offset) -> dict:
+    """The size, scale and mask offset fields that both params structures have."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, softmax_scale=scale,
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
-                causal_offset=causal_offset)
+                mask_offset=mask_offset)
 
 
 def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
     """(name, ctypes type) of each field of one struct declared in params.h, in order."""
-    kinds = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
+    kinds = CTYPES
     declared = []
     for statement in re.sub(r"//[^\n]*", "", declaration).split(";")[:-1]:
         kind, names = re.fullmatch(r"\s*((?:const )?\w+\*?) (.+)", statement, re.S).groups()
@@ -146,14 +134,13 @@ def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
 
 @pytest.mark.parametrize("params_type", [FwdParams, BwdParams], ids=lambda t: t.__name__)
 def test_the_ctypes_structures_mirror_params_h(params_type):
-    text = (paths.INCLUDE_DIR / "flashgen" / "params.h").read_text()
+    text = (paths.INCLUDE_DIR / params.HEADER).read_text()
     declaration = re.search(rf"struct {params_type.__name__} {{(.*?)\n}};", text, re.S).group(1)
     assert params_type._fields_ == ctypes_fields(declaration)
 
 
-# Sizes, causal offset and grid orders all different, so that no field passes with another's
-# value.
-BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, CAUSAL_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
+# Sizes, mask offset and grid orders all different, so that no field passes with another's value.
+BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, MASK_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
 BWD_GRID = schedule.BwdGrid(sorted_tail_blocks=11, split_blocks=3, splits=5)
 BLOCK_N = 128
 Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
@@ -164,11 +151,12 @@ def test_forward_launch_fills_every_field(binding):
     q, k, v, o = distinct_strides(Q_SHAPE, KV_SHAPE, KV_SHAPE, Q_SHAPE)
     lse = torch.empty(LSE_SHAPE)
     launcher = RecordingLauncher(FwdParams)
-    forward.launch(launcher, q, k, v, o, lse, 0.125, CAUSAL_OFFSET, RANKS_PER_ROUND)
+    forward.run(launcher, q, k, v, o, lse, 0.125, MASK_OFFSET,
+                {"ranks_per_round": RANKS_PER_ROUND})
     ((params, stream),) = launcher.launches
     assert stream == 77
     assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
-                              **problem_fields(q, k, 0.125, CAUSAL_OFFSET),
+                              **problem_fields(q, k, 0.125, MASK_OFFSET),
                               "ranks_per_round": RANKS_PER_ROUND}
 
 
@@ -176,18 +164,18 @@ def test_forward_launch_failure_raises_with_the_error_string(binding):
     (q,) = distinct_strides((1, 4, 1, 64))
     launcher = RecordingLauncher(FwdParams, error=2)
     with pytest.raises(RuntimeError, match=f"kernel launch failed: {os.strerror(2)}"):
-        forward.launch(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0, 1)
+        forward.run(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0, {})
 
 
 def record_empty(monkeypatch) -> list:
-    """The tensors torch.empty makes from here on, in order (backward.launch's workspaces)."""
+    """The tensors torch.empty makes from here on, in order (the backward's workspaces)."""
     made, empty = [], torch.empty
 
     def recording_empty(*args, **kwargs):
         made.append(empty(*args, **kwargs))
         return made[-1]
 
-    monkeypatch.setattr(backward.torch, "empty", recording_empty)
+    monkeypatch.setattr(torch, "empty", recording_empty)
     return made
 
 
@@ -197,11 +185,13 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
               "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
     tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
     lse = torch.empty(LSE_SHAPE)
-    launcher = RecordingLauncher(BwdParams, block_n=BLOCK_N)
+    launcher = RecordingLauncher(BwdParams, family="mma", mask="none",
+                                 tile=SimpleNamespace(block_n=BLOCK_N))
+    monkeypatch.setattr(mma, "backward_grid", lambda *_: BWD_GRID)
     workspaces = record_empty(monkeypatch)
-    backward.launch(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
-                    tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
-                    CAUSAL_OFFSET, deterministic, BWD_GRID)
+    backward.run(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
+                 tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
+                 MASK_OFFSET, deterministic)
     ((params, stream),) = launcher.launches
     assert stream == 77
     # One fp32 scratch: dQ's workspace (rows x padded head dim, none when deterministic), the
@@ -217,5 +207,5 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         # ctypes reads a null pointer as None
         "dq_accum": None if deterministic else scratch.data_ptr(),
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
-        **problem_fields(tensors["q"], tensors["k"], 0.125, CAUSAL_OFFSET),
+        **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET),
         **BWD_GRID._asdict()}

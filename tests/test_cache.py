@@ -38,7 +38,7 @@ FAKE_NVCC = textwrap.dedent("""\
 """)
 
 SPECS = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_90"], dtypes=["bf16"],
-                        causal=[False])
+                        masks=["none"])
 
 
 @pytest.fixture
@@ -179,8 +179,8 @@ def test_key_covers_exactly_the_headers_a_kernel_includes(tmp_path, monkeypatch)
     shutil.copytree(paths.INCLUDE_DIR, include)
     monkeypatch.setattr(paths, "INCLUDE_DIR", include)
     build._header_closure.cache_clear()
-    fwd = next(s for s in SPECS if s.direction == "fwd")
-    bwd = next(s for s in SPECS if s.direction == "bwd")
+    fwd = next(s for s in SPECS if s.kind == "fwd")
+    bwd = next(s for s in SPECS if s.kind == "bwd")
     before = build.source_key(fwd), build.source_key(bwd)
 
     def touch(header: str) -> tuple[str, str]:
@@ -189,9 +189,9 @@ def test_key_covers_exactly_the_headers_a_kernel_includes(tmp_path, monkeypatch)
         return build.source_key(fwd), build.source_key(bwd)
 
     try:
-        after_bwd_edit = touch("bwd_kernel.cuh")
+        after_bwd_edit = touch("mma/bwd_kernel.cuh")
         assert after_bwd_edit[0] == before[0] and after_bwd_edit[1] != before[1]
-        after_shared_edit = touch("tiling.cuh")
+        after_shared_edit = touch("common/mask.cuh")
         assert after_shared_edit[0] != before[0] and after_shared_edit[1] != after_bwd_edit[1]
     finally:
         build._header_closure.cache_clear()

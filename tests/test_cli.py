@@ -21,9 +21,10 @@ def test_version():
 def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
     assert "rendered 116 kernel(s)" in capsys.readouterr().out
-    assert len(list(tmp_path.glob("sm_90/fwd_*.cu"))) == 24 + 12  # main tiles + 3 variants
-    assert len(list(tmp_path.glob("sm_90/bwd_*.cu"))) == 24
-    assert (tmp_path / "manifest.json").is_file()
+    assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu"]
+    manifest = (tmp_path / "manifest.json").read_text()
+    assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
+    assert manifest.count('"name": "bwd_mma_sm90_') == 24
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -38,7 +39,7 @@ def test_generate_filters_that_match_nothing(tmp_path, capsys):
 
 def test_bad_config_is_reported_not_raised(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
-    bad.write_text("[arch.sm_90.head_dim.84]\nblock_m = 128\nblock_n = 64\nwarps = 4\n"
+    bad.write_text("[mma.sm_90.head_dim.84]\nblock_m = 128\nblock_n = 64\nwarps = 4\n"
                    "kv_stages = 2\n")
     assert main(["generate", "--dry-run", "--config", str(bad), "--out", str(tmp_path)]) == 1
     assert "head dim 84 must be a multiple of 8" in capsys.readouterr().err
@@ -48,17 +49,21 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_sm90_bf16_hd128_causal_m128n32w4s3" in out and "not built" in out
-    assert "fwd_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the variant
-    assert "bwd_sm90_bf16_hd128_causal_m64n128w8s2" in out
+    assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in out and "not built" in out
+    assert "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the alt tile
+    assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "12 kernel(s)" in out
 
 
-def test_list_filters_by_direction(tmp_path, monkeypatch, capsys):
+def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
-    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--direction", "bwd"]) == 0
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
     assert "fwd_" not in out and "4 kernel(s)" in out
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
+                 "--family", "mma"]) == 0
+    out = capsys.readouterr().out
+    assert "_causal_" not in out and "6 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():

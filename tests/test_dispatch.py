@@ -1,54 +1,102 @@
-"""Dispatch as a pure function of the configured specs and the call."""
+"""Dispatch as a pure function of the configured specs and the call: candidates by family
+priority, then tile."""
 
 from __future__ import annotations
 
 import pytest
 
-from codegen import paths
-from codegen.config import load_config
-from codegen.spec import enumerate_specs
-from flashgen.dispatch import DispatchError, select
+from codegen import families, paths
+from codegen.family import Family
+from flashgen import registry
+from flashgen.dispatch import DispatchError, candidates
 
-CONFIG = load_config(paths.DEFAULT_CONFIG)
-SPECS = tuple(enumerate_specs(CONFIG, variants=False))
+SPECS = registry._load(paths.DEFAULT_CONFIG)[1]
+CONFIG = registry._load(paths.DEFAULT_CONFIG)[0]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("head_dim", [32, 64, 96, 128, 192, 256])
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("causal", [False, True])
-def test_configured_head_dims_run_exactly(arch, head_dim, dtype, causal):
-    choice = select(SPECS, arch, dtype, head_dim, causal)
-    spec = choice.spec
-    assert (spec.arch, spec.dtype, spec.head_dim, spec.causal) == (arch, dtype, head_dim, causal)
-    assert spec.tile == CONFIG.forward_tiles(arch, head_dim)[0]  # the main tile, not a variant
-    assert not choice.pad_head_dim
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+def test_configured_head_dims_run_exactly_main_tile_first(arch, head_dim, dtype, mask, kind):
+    choices = candidates(SPECS, arch, kind, dtype, head_dim, mask)
+    assert [c.spec.tile for c in choices] == list(CONFIG.tiles_of("mma", kind, arch, head_dim))
+    for choice in choices:
+        spec = choice.spec
+        assert (spec.family, spec.kind, spec.arch, spec.dtype, spec.head_dim, spec.mask) == (
+            "mma", kind, arch, dtype, head_dim, mask)
+        assert not choice.pad_head_dim and choice.padded_head_dim is None
 
 
 @pytest.mark.parametrize("head_dim, runs_on", [(8, 32), (40, 64), (72, 96), (80, 96),
                                                (136, 192), (200, 256), (36, 64)])
 def test_unconfigured_head_dim_runs_zero_padded_on_the_next_larger(head_dim, runs_on):
-    choice = select(SPECS, "sm_90", "bf16", head_dim, False)
-    assert choice.spec.head_dim == runs_on and choice.pad_head_dim
+    (first, *_) = candidates(SPECS, "sm_90", "fwd", "bf16", head_dim, "none")
+    assert first.spec.head_dim == runs_on == first.padded_head_dim and first.pad_head_dim
 
 
 def test_head_dim_above_the_largest_lists_the_configured_ones():
     with pytest.raises(DispatchError, match=r"configured head dims: \[32, 64, 96, 128, 192, 256\]"):
-        select(SPECS, "sm_90", "bf16", 264, False)
+        candidates(SPECS, "sm_90", "fwd", "bf16", 264, "none")
 
 
-def test_head_dim_beyond_a_smaller_config_shows_the_table_to_add(tmp_path):
+@pytest.mark.parametrize("kind, table", [("fwd", r"\[mma.sm_90.head_dim.192\]\nblock_m = "),
+                                         ("bwd", r"\[mma.sm_90.head_dim.192.backward\]\n")])
+def test_head_dim_beyond_a_smaller_config_shows_the_table_to_add(kind, table):
     specs = tuple(s for s in SPECS if s.head_dim <= 128)
-    with pytest.raises(DispatchError, match=r"\[arch.sm_90.head_dim.192\]"):
-        select(specs, "sm_90", "bf16", 192, False, "my.toml")
+    with pytest.raises(DispatchError, match=table):
+        candidates(specs, "sm_90", kind, "bf16", 192, "none", "my.toml")
 
 
 def test_unknown_arch_says_how_to_add_it():
-    with pytest.raises(DispatchError, match=r"sm_86.*configures sm_80, sm_90.*\[arch.sm_86"):
-        select(SPECS, "sm_86", "fp16", 64, False)
+    with pytest.raises(DispatchError, match=r"sm_86.*configures sm_80, sm_90.*\[mma.sm_86"):
+        candidates(SPECS, "sm_86", "fwd", "fp16", 64, "none")
 
 
 def test_dtype_not_built():
     specs = tuple(s for s in SPECS if s.dtype == "bf16")
-    with pytest.raises(DispatchError, match="no fp16 non-causal forward kernels"):
-        select(specs, "sm_90", "fp16", 64, False)
+    with pytest.raises(DispatchError, match="no fp16 forward kernels with mask 'none'"):
+        candidates(specs, "sm_90", "fwd", "fp16", 64, "none")
+
+
+def _with_family(name: str, priority: int, head_dims=(64, 128)):
+    """SPECS plus a copy of the mma sm_90 forward specs of head_dims under another family."""
+    from dataclasses import replace
+
+    families.register(Family(name=name, archs=("sm_90",), priority=priority,
+                             kinds=families.FAMILIES["mma"].kinds,
+                             template_dir=families.FAMILIES["mma"].template_dir))
+    extra = tuple(replace(s, family=name) for s in SPECS
+                  if s.arch == "sm_90" and s.kind == "fwd" and s.head_dim in head_dims)
+    return SPECS + extra
+
+
+@pytest.fixture
+def second_family():
+    yield _with_family
+    families.unregister("second")
+
+
+@pytest.mark.parametrize("priority, first", [(10, "second"), (1000, "mma")])
+def test_candidates_come_by_family_priority_then_tile(second_family, priority, first):
+    specs = second_family("second", priority)
+    choices = candidates(specs, "sm_90", "fwd", "bf16", 128, "causal")
+    order = [c.spec.family for c in choices]
+    assert order[0] == first and order == sorted(order, key=lambda f: f != first)
+    assert len(choices) == 4  # each family's main tile and its alt tile
+
+
+def test_a_family_runs_padded_where_it_lacks_the_head_dim(second_family):
+    specs = second_family("second", 10, head_dims=(128,))
+    choices = candidates(specs, "sm_90", "fwd", "bf16", 64, "none")
+    assert [(c.spec.family, c.spec.head_dim) for c in choices] == [
+        ("second", 128), ("second", 128), ("mma", 64), ("mma", 64)]
+
+
+def test_forcing_a_family_keeps_only_its_kernels(second_family):
+    specs = second_family("second", 10)
+    choices = candidates(specs, "sm_90", "fwd", "bf16", 64, "none", family="mma")
+    assert {c.spec.family for c in choices} == {"mma"}
+    with pytest.raises(DispatchError, match="no second forward kernels for this GPU's arch sm_80"):
+        candidates(specs, "sm_80", "fwd", "bf16", 64, "none", family="second")

@@ -1,5 +1,5 @@
 """The forward's kernel per call, and the backward's, without a GPU: an H100's properties and
-launchers are faked, the default config's candidates and tile_choice are real."""
+launchers are faked, the default config's candidates and the mma family's choices are real."""
 
 from __future__ import annotations
 
@@ -7,66 +7,88 @@ from types import SimpleNamespace
 
 import pytest
 
-from codegen.config import Tile
+from codegen.families.mma import FwdTile
 
 torch = pytest.importorskip("torch")
 
 H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132, L2_cache_size=50 * 2**20)
 DEVICE = torch.device("cuda", 0)
-MAIN, SMALL = Tile(128, 32, 4, 3), Tile(64, 64, 4, 2)  # sm_90 head dim 128
+MAIN, SMALL = FwdTile(128, 32, 4, 3), FwdTile(64, 64, 4, 2)  # sm_90 head dim 128
 
 
 @pytest.fixture
 def forward(monkeypatch):
     from flashgen import forward
+    from flashgen.families import mma
 
     monkeypatch.delenv("FLASHGEN_CONFIG", raising=False)
-    monkeypatch.setattr(forward.torch.cuda, "get_device_properties", lambda index: H100)
+    monkeypatch.delenv("FLASHGEN_FAMILY", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H100)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     monkeypatch.setattr(forward.loader, "launcher", lambda spec: SimpleNamespace(spec=spec))
-    forward._choose.cache_clear()
-    forward._candidates.cache_clear()
+    caches = (forward._plan, forward._candidates, mma.device_resources)
+    for cache in caches:
+        cache.cache_clear()
     yield forward
-    forward._choose.cache_clear()
-    forward._candidates.cache_clear()
+    for cache in caches:
+        cache.cache_clear()
 
 
 def test_a_full_gpu_runs_the_main_tile(forward):
-    spec = forward.kernel_for(DEVICE, "bf16", 128, True, batch_heads=16 * 16, seqlen_q=4096)
-    assert spec.name == "fwd_sm90_bf16_hd128_causal_m128n32w4s3"
+    spec = forward.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=16 * 16, seqlen_q=4096)
+    assert spec.name == "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3"
 
 
-def test_few_short_sequences_run_the_variant(forward):
-    spec = forward.kernel_for(DEVICE, "bf16", 128, True, batch_heads=16, seqlen_q=512)
-    assert spec.name == "fwd_sm90_bf16_hd128_causal_m64n64w4s2"
+def test_few_short_sequences_run_the_alt_tile(forward):
+    spec = forward.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=16, seqlen_q=512)
+    assert spec.name == "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"
 
 
 def test_causal_calls_run_their_longest_query_blocks_first(forward):
-    _, _, ranks_per_round = forward._choose(0, "bf16", 128, True, 256, 4096, None)
-    assert ranks_per_round == forward.schedule.CAUSAL_RANKS_PER_ROUND
-    _, _, ranks_per_round = forward._choose(0, "bf16", 128, False, 256, 4096, None)
-    assert ranks_per_round == 4096 // MAIN.block_m  # one round
+    from flashgen.families.mma import schedule
+
+    _, _, fields = forward._plan(0, "bf16", 128, "causal", 256, 4096)
+    assert fields == {"ranks_per_round": schedule.CAUSAL_RANKS_PER_ROUND}
+    _, _, fields = forward._plan(0, "bf16", 128, "none", 256, 4096)
+    assert fields == {"ranks_per_round": 4096 // MAIN.block_m}  # one round
 
 
-def test_a_head_dim_without_variants_runs_its_main_tile(forward):
-    assert forward.kernel_for(DEVICE, "fp16", 96, False, 1, 512).tile == Tile(128, 64, 4, 2)
+def test_a_head_dim_without_alt_tiles_runs_its_main_tile(forward):
+    assert forward.kernel_for(DEVICE, "fp16", 96, "none", 1, 512).tile == FwdTile(128, 64, 4, 2)
 
 
 def test_a_padded_head_dim_chooses_among_the_larger_head_dims_tiles(forward):
-    assert forward._choose(0, "bf16", 120, False, 16, 512, None)[1] == 128
-    assert forward.kernel_for(DEVICE, "bf16", 120, False, 16, 512).tile == SMALL
+    assert forward._plan(0, "bf16", 120, "none", 16, 512)[1] == 128
+    assert forward.kernel_for(DEVICE, "bf16", 120, "none", 16, 512).tile == SMALL
 
 
-def test_forced_tiles_override_the_shape(forward):
-    with forward.forced_tile(0):
-        assert forward.kernel_for(DEVICE, "bf16", 128, False, 16, 512).tile == MAIN
-    with forward.forced_tile(1):
-        assert forward.kernel_for(DEVICE, "bf16", 128, False, 256, 4096).tile == SMALL
-    assert forward.kernel_for(DEVICE, "bf16", 128, False, 16, 512).tile == SMALL  # restored
+def test_pinned_tiles_override_the_shape(forward):
+    from flashgen.families import mma
+
+    with mma.pinned_forward_tile(0):
+        forward.clear_plans()
+        assert forward.kernel_for(DEVICE, "bf16", 128, "none", 16, 512).tile == MAIN
+    with mma.pinned_forward_tile(1):
+        forward.clear_plans()
+        assert forward.kernel_for(DEVICE, "bf16", 128, "none", 256, 4096).tile == SMALL
+    forward.clear_plans()
+    assert forward.kernel_for(DEVICE, "bf16", 128, "none", 16, 512).tile == SMALL  # restored
 
 
-def test_forcing_a_variant_the_head_dim_lacks_is_not_implemented(forward):
-    with forward.forced_tile(1), pytest.raises(NotImplementedError, match="head dim 96 has 1"):
-        forward.kernel_for(DEVICE, "bf16", 96, False, 16, 512)
+def test_pinning_an_alt_tile_the_head_dim_lacks_is_not_implemented(forward):
+    from flashgen.families import mma
+
+    with mma.pinned_forward_tile(1), pytest.raises(NotImplementedError, match="head dim 96 has 1"):
+        forward.kernel_for(DEVICE, "bf16", 96, "none", 16, 512)
+
+
+def test_flashgen_family_restricts_dispatch(forward, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_FAMILY", "mma")
+    assert forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096).family == "mma"
+    forward.clear_plans()
+    monkeypatch.setenv("FLASHGEN_FAMILY", "absent")
+    with pytest.raises(forward.registry.dispatch.DispatchError, match="no absent forward"):
+        forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096)
 
 
 @pytest.fixture
@@ -75,50 +97,57 @@ def backward(forward):
     from flashgen import backward
 
     backward._choose.cache_clear()
-    backward._device_resources.cache_clear()
     yield backward
     backward._choose.cache_clear()
-    backward._device_resources.cache_clear()
 
 
 def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
-    launcher, padded_head_dim = backward._choose(0, "bf16", 128, True)
-    assert launcher.spec.name == "bwd_sm90_bf16_hd128_causal_m64n128w8s2"
+    launcher, padded_head_dim = backward._choose(0, "bf16", 128, "causal")
+    assert launcher.spec.name == "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2"
     assert padded_head_dim is None
 
 
-def grid(backward, causal, batch, seqlen, heads, head_dim=128, deterministic=False):
-    """backward.grid for the default hd128 kernel on (meta) inputs of this shape."""
-    spec = backward._choose(0, "bf16", head_dim, causal)[0].spec
+def grid(backward, mask, batch, seqlen, heads, head_dim=128, deterministic=False):
+    """The mma family's backward grid for the default hd128 kernel on (meta) inputs."""
+    from flashgen.families import mma
+
+    spec = backward._choose(0, "bf16", head_dim, mask)[0].spec
     q = torch.empty(batch, seqlen, heads, head_dim, device="meta")
-    return backward.grid(spec, q, q, deterministic)
+    q.get_device = lambda: 0  # meta tensors have no device index
+    return mma.backward_grid(spec, q, q, deterministic)
 
 
 @pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
 def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward, batch, seqlen):
-    assert grid(backward, True, batch, seqlen, 16) == backward.schedule.BwdGrid(
-        sorted_tail_blocks=backward.schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
+    from flashgen.families.mma import schedule
+
+    assert grid(backward, "causal", batch, seqlen, 16) == schedule.BwdGrid(
+        sorted_tail_blocks=schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
 
 
 def test_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(backward):
+    from flashgen.families.mma import schedule
+
     # 4 waves of 128 key blocks take 5 (batch, head)s: 5 x 16k x 128 x 4 bytes = 40 MiB
-    assert grid(backward, True, 1, 16384, 16) == backward.schedule.BwdGrid()
+    assert grid(backward, "causal", 1, 16384, 16) == schedule.BwdGrid()
 
 
 def test_non_causal_backward_grids_split_their_last_wave(backward):
+    from flashgen.families.mma import schedule
+
     # every block does the same work: 8 x 16 x 16 = 2048 key blocks of 32 steps, 15.5 waves
-    bwd_grid = grid(backward, False, 8, 2048, 16)
+    bwd_grid = grid(backward, "none", 8, 2048, 16)
     assert bwd_grid.sorted_tail_blocks == 0
     assert bwd_grid.split_blocks == 2048 % H100.multi_processor_count and bwd_grid.splits > 1
-    assert grid(backward, False, 8, 2048, 16, deterministic=True) == backward.schedule.BwdGrid()
+    assert grid(backward, "none", 8, 2048, 16, deterministic=True) == schedule.BwdGrid()
 
 
 def test_the_backward_pads_an_unconfigured_head_dim_to_the_next_configured(backward):
-    launcher, padded_head_dim = backward._choose(0, "fp16", 80, False)
-    assert launcher.spec.direction == "bwd" and launcher.spec.head_dim == padded_head_dim == 96
+    launcher, padded_head_dim = backward._choose(0, "fp16", 80, "none")
+    assert launcher.spec.kind == "bwd" and launcher.spec.head_dim == padded_head_dim == 96
 
 
 def test_the_backward_names_its_tables_for_a_head_dim_too_large(backward):
     with pytest.raises(backward.registry.dispatch.DispatchError,
                        match="not supported by the backward on sm_90"):
-        backward._choose(0, "bf16", 320, False)
+        backward._choose(0, "bf16", 320, "none")

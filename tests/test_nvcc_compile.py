@@ -14,13 +14,13 @@ pytestmark = pytest.mark.nvcc
 
 
 @pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc is not installed")
-def test_one_spec_per_direction_and_arch_compiles_to_an_object(tmp_path, monkeypatch):
+def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     config = load_config(paths.DEFAULT_CONFIG)
     # Causal (the masking path) at head dim 96, which pads its shared-memory rows: the most
     # template code per kernel.
-    specs = enumerate_specs(config, head_dims=[96], dtypes=["bf16"], causal=[True])
-    assert sorted((s.direction, s.arch) for s in specs) == [
+    specs = enumerate_specs(config, head_dims=[96], dtypes=["bf16"], masks=["causal"])
+    assert sorted((s.kind, s.arch) for s in specs) == [
         ("bwd", "sm_80"), ("bwd", "sm_90"), ("fwd", "sm_80"), ("fwd", "sm_90")]
     build.build(specs, objects_only=True)
     for spec in specs:

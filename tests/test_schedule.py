@@ -1,4 +1,4 @@
-"""The grids' orders: schedule.py's choices, and block_order.cuh's decoding of them (compiled for
+"""The grids' orders: schedule.py's choices, and mma/block_order.cuh's decoding of them (compiled for
 the host with the C++ compiler, called through ctypes)."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 
 from codegen import paths
-from flashgen import schedule
+from flashgen.families.mma import schedule
 
 DECODER = """
-#include "flashgen/block_order.cuh"
+#include "flashgen/mma/block_order.cuh"
 extern "C" void decode(int block, int ranks, int batch_heads, int ranks_per_round, int* out) {
   const flashgen::BlockWork work = flashgen::block_work(block, ranks, batch_heads, ranks_per_round);
   out[0] = work.rank;
@@ -96,7 +96,7 @@ def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, de
 
 
 def test_a_spec_has_a_rank_per_query_block():
-    spec = SimpleNamespace(block_m=128, causal=False)
+    spec = SimpleNamespace(tile=SimpleNamespace(block_m=128), mask="none")
     assert schedule.for_spec(spec, 1000) == 8  # ceil(1000 / 128) query blocks, one round
 
 

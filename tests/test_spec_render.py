@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from codegen import paths, render, resources
+from codegen import params, paths, render
 from codegen.arch import ARCHS
 from codegen.config import load_config
-from codegen.spec import enumerate_specs, forward_candidates
+from codegen.families import mma
+from codegen.families.mma import resources
+from codegen.spec import enumerate_specs
 
 
 @pytest.fixture(scope="module")
@@ -16,65 +18,64 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # (2 directions x 2 archs x 6 head dims + 5 forward variants) x 2 dtypes x 2 causal
+    # (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes x 2 masks, one family
     assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2
     assert len({s.name for s in specs}) == len(specs)
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
-              and s.causal]
-    assert sorted(s.name for s in chosen) == ["bwd_sm90_bf16_hd128_causal_m64n128w8s2",
-                                              "fwd_sm90_bf16_hd128_causal_m128n32w4s3",
-                                              "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
+              and s.mask == "causal"]
+    assert sorted(s.name for s in chosen) == ["bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
+                                              "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
 
 
-def test_filters(specs):
+def test_filters():
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
-                             causal=[False], directions=["fwd"])
-    assert sorted(s.name for s in chosen) == ["fwd_sm90_fp16_hd64_full_m128n64w4s2",
-                                              "fwd_sm90_fp16_hd64_full_m64n64w4s2"]
+                             masks=["none"], kinds=["fwd"], family_names=["mma"])
+    assert sorted(s.name for s in chosen) == ["fwd_mma_sm90_fp16_hd64_none_m128n64w4s2",
+                                              "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
 
 
-def test_without_variants_one_spec_per_direction_and_call_properties():
-    specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), variants=False)
+def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
+    specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     assert len(specs) == 2 * 2 * 6 * 2 * 2
-    assert len({(s.direction, s.arch, s.dtype, s.head_dim, s.causal) for s in specs}) == len(specs)
-    assert "fwd_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
+    assert len({(s.kind, s.arch, s.dtype, s.head_dim, s.mask) for s in specs}) == len(specs)
+    assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
 
-def test_forward_candidates_put_the_main_tile_first():
-    config = load_config(paths.DEFAULT_CONFIG)
-    main = next(s for s in enumerate_specs(config, variants=False) if s.direction == "fwd"
-                and (s.arch, s.dtype, s.head_dim, s.causal) == ("sm_90", "bf16", 128, True))
-    assert [s.name for s in forward_candidates(config, main)] == [
-        "fwd_sm90_bf16_hd128_causal_m128n32w4s3", "fwd_sm90_bf16_hd128_causal_m64n64w4s2"]
-
-
-def test_a_head_dim_without_variants_has_one_candidate():
-    config = load_config(paths.DEFAULT_CONFIG)
-    main = next(s for s in enumerate_specs(config, head_dims=[96]) if s.direction == "fwd")
-    assert forward_candidates(config, main) == (main,)
-
-
-@pytest.mark.parametrize("direction, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])
-def test_render_is_deterministic_and_instantiates_the_spec(specs, direction, traits):
-    spec = next(s for s in specs if s.direction == direction)
+@pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])
+def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
+    spec = next(s for s in specs if s.kind == kind)
     text = render.render_spec(spec)
     assert text == render.render_spec(spec)
     assert f'extern "C" int {spec.name}(' in text
-    assert f"{traits}<{spec.head_dim}, {spec.block_m}, {spec.block_n}, {spec.warps}, " \
-           f"{spec.stages}, " in text
+    values = ", ".join(str(getattr(spec.tile, key)) for key in spec.tile.keys())
+    assert f"flashgen::{traits}<{spec.head_dim}, {values}, " in text
+    assert f"launch_{kind}<Traits, flashgen::CausalMask>" in text  # the first spec is causal
 
 
-def test_render_tree_writes_only_changes_and_removes_stale_files(tmp_path, specs):
+def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
-    assert len(changed) == len(specs) + 1  # every source and the manifest
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
+        "manifest.json", "mma/bwd_sample.cu", "mma/fwd_sample.cu"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
+    stale.parent.mkdir()
     stale.write_text("// old")
     assert render.render_tree(specs, tmp_path) == [stale] and not stale.exists()
+
+
+def test_the_manifest_lists_every_spec(tmp_path, specs):
+    import json
+
+    render.render_tree(specs, tmp_path)
+    entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
+    assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
+    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "warps": 8, "q_stages": 2}
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
@@ -88,11 +89,17 @@ def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
     assert not drifted, f"generated/ is stale: {drifted}"
 
 
+def test_committed_params_header_matches_the_table():
+    """params.h is rendered from codegen/params.py: run `python -m codegen.params` if this fails."""
+    assert (paths.INCLUDE_DIR / params.HEADER).read_text() == params.header_text()
+
+
 def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pays():
     config = load_config(paths.DEFAULT_CONFIG)
-    backward = {(s.arch, s.head_dim): s for s in enumerate_specs(config, directions=["bwd"],
-                                                                  dtypes=["bf16"], causal=[True])}
-    staged = {key for key, spec in backward.items() if spec.dq_bulk_reduce}
+    backward = {(s.arch, s.head_dim): s for s in enumerate_specs(config, kinds=["bwd"],
+                                                                  dtypes=["bf16"], masks=["causal"])}
+    staged = {key for key, spec in backward.items()
+              if mma.template_context(spec)["dq_bulk_reduce"]}
     # rows of 256 bytes and more, on the arch with bulk adds
     assert staged == {("sm_90", 64), ("sm_90", 96), ("sm_90", 128), ("sm_90", 192), ("sm_90", 256)}
     hopper = ARCHS["sm_90"]
@@ -106,8 +113,8 @@ def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pay
 
 def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_scores():
     config = load_config(paths.DEFAULT_CONFIG)
-    split = {(s.arch, s.head_dim) for s in enumerate_specs(config, directions=["bwd"])
-             if s.split_masked_step}
+    split = {(s.arch, s.head_dim) for s in enumerate_specs(config, kinds=["bwd"])
+             if mma.template_context(s)["split_masked_step"]}
     # 128 x 128 tiles over 8 warps: 64 scores per thread; 64 x 128 and 64 x 64 hold 32 and 16
     assert split == {("sm_80", 32), ("sm_90", 32), ("sm_90", 64)}
     assert resources.splits_masked_step(128, 128, 8)

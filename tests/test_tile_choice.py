@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.config import Tile
-from flashgen.tile_choice import MARGIN, busiest_sm_rows, choose_tile
+from codegen.families.mma import FwdTile as Tile
+from flashgen.families.mma.tile_choice import MARGIN, busiest_sm_rows, choose_tile
 
 MAIN = Tile(128, 64, 4, 2)
 SMALL = Tile(64, 64, 4, 2)

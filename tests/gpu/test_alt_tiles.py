@@ -1,5 +1,5 @@
-"""Every forward tile of a head dim, main and variants, forced in turn, against the fp32 reference:
-shape-aware dispatch runs the variants on few sequences and the main tile on many, so each must be
+"""Every forward tile of a head dim, main and alt tiles, pinned in turn, against the fp32 reference:
+shape-aware dispatch runs the alt tiles on few sequences and the main tile on many, so each must be
 right on any shape. Outputs are poisoned (NaN) before each call."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from flashgen import flash_attn_func, forward
+from flashgen.families import mma
 from flashgen.reference import assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -19,18 +20,21 @@ SHAPES = [(1, 113, 203, 8, 1), (2, 239, 113, 4, 2), (1, 1023, 512, 16, 16), (3, 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
-@pytest.mark.parametrize("tile", [0, 1], ids=["main", "variant"])
+@pytest.mark.parametrize("tile", [0, 1], ids=["main", "alt"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_each_forward_tile(dtype, tile, head_dim, causal, shape):
     batch, seqlen_q, seqlen_k, heads, heads_kv = shape
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
     k = torch.randn(batch, seqlen_k, heads_kv, head_dim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    with forward.forced_tile(tile):
+    forward.clear_plans()
+    with mma.pinned_forward_tile(tile):
         try:
             out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
         except NotImplementedError as e:  # sm_80 head dim 256: its main tile is the small one
             pytest.skip(str(e))
+        finally:
+            forward.clear_plans()
     out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
     out_pt, lse_pt = attention_ref(q, k, v, causal=causal, upcast=False)
     assert_close_fa2(out, out_ref, out_pt, "out")

@@ -15,7 +15,7 @@ from codegen import paths
 pytestmark = pytest.mark.gpu
 
 HEAD_DIM_80 = """
-[arch.{arch}.head_dim.80]
+[mma.{arch}.head_dim.80]
 block_m = 128
 block_n = 64
 warps = 4

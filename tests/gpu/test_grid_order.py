@@ -1,5 +1,5 @@
-"""The grids' order (flashgen/schedule.py, block_order.cuh) decides which block runs when, never
-what it computes: under causal masking every order gives the same bits (the backward's dQ
+"""The grids' order (flashgen/families/mma/schedule.py, block_order.cuh) decides which block runs
+when, never what it computes: under causal masking every order gives the same bits (the backward's dQ
 only where it is deterministic: atomics add in any order), and they match the fp32 reference.
 Split key blocks sum their pieces in fp32, in any order: their gradients match the reference.
 Outputs are poisoned (NaN) before each call."""
@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import flash_attn_func, forward, schedule
+from flashgen import flash_attn_func, forward
+from flashgen.families.mma import schedule
 from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -29,10 +30,10 @@ def grid_order(monkeypatch):
     dropped either side."""
     def use(ranks_per_round: int):
         monkeypatch.setattr(schedule, "CAUSAL_RANKS_PER_ROUND", ranks_per_round)
-        forward._choose.cache_clear()
+        forward.clear_plans()
 
     yield use
-    forward._choose.cache_clear()
+    forward.clear_plans()
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
@@ -113,7 +114,7 @@ def backward_split(monkeypatch):
     def use(split: tuple[int, int]):
         split_blocks, splits = split
         monkeypatch.setattr(schedule, "split_tail",
-                            lambda _causal, _deterministic, blocks, _steps, _sm_count:
+                            lambda _uneven, _deterministic, blocks, _steps, _sm_count:
                             (min(split_blocks, blocks), splits))
 
     return use
