@@ -33,8 +33,13 @@ setup(
     description="A FlashAttention kernel generator for PyTorch",
     long_description=__doc__,
     python_requires=">=3.11",
-    packages=["flashgen", "codegen"],
-    package_data={"codegen": ["configs/*.toml"]},
+    # The wheel carries the top-level templates/ folder (kernel templates, the flashgen C++
+    # headers, the binding's source) as codegen/templates, so an installed flashgen finds them
+    # beside its own code (codegen/paths.py); every file of those kinds, at any depth.
+    packages=["flashgen", "codegen", "codegen.templates"],
+    package_dir={"codegen.templates": "templates"},
+    package_data={"codegen": ["configs/*.toml"],
+                  "codegen.templates": [f"**/*.{ext}" for ext in ("j2", "cpp", "cuh", "h")]},
     install_requires=["torch>=2.4", "jinja2>=3.0", "ninja", "pybind11>=2.10",
                       "nvidia-cutlass>=4.0"],
     extras_require={"test": ["pytest>=7", "matplotlib"], "bench": ["matplotlib"]},

@@ -6,11 +6,17 @@ import importlib.util
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TEMPLATES_DIR = REPO_ROOT / "templates"
+PACKAGE_DIR = Path(__file__).resolve().parent
+# An installed wheel carries the top-level templates/ folder inside the package (setup.py maps it
+# to codegen/templates); a checkout or an editable install reads the checkout's templates/. The
+# packaged copy wins, so an installed flashgen never reads whatever sits beside site-packages.
+_PACKAGED_TEMPLATES = PACKAGE_DIR / "templates"
+FROM_CHECKOUT = not _PACKAGED_TEMPLATES.is_dir()
+REPO_ROOT = PACKAGE_DIR.parent  # the checkout's root when FROM_CHECKOUT
+TEMPLATES_DIR = REPO_ROOT / "templates" if FROM_CHECKOUT else _PACKAGED_TEMPLATES
 INCLUDE_DIR = TEMPLATES_DIR / "include"
-GENERATED_DIR = REPO_ROOT / "generated"
-DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "default.toml"
+GENERATED_DIR = REPO_ROOT / "generated"  # the checkout's rendered sources, kept for review
+DEFAULT_CONFIG = PACKAGE_DIR / "configs" / "default.toml"
 
 
 def config_path() -> Path:

@@ -40,8 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="render the config's kernels and compile them")
     add_selection(gen)
     gen.add_argument("--out", type=Path, default=None,
-                     help="where rendered sources go (default: generated/ for the packaged "
-                          "config, else <cache>/generated)")
+                     help="where rendered sources go (default: a checkout's generated/ for the "
+                          "packaged config, else <cache>/generated)")
     gen.add_argument("--jobs", "-j", type=int, default=None, help="parallel nvcc processes")
     gen.add_argument("--dry-run", action="store_true", help="render only, compile nothing")
 
@@ -92,7 +92,10 @@ def _selected(args):
 def _generate(args) -> int:
     config, selected = _selected(args)
     default_config = config.path.resolve() == paths.DEFAULT_CONFIG.resolve()
-    out = args.out or (paths.GENERATED_DIR if default_config else paths.cache_dir() / "generated")
+    # generated/ is a checkout's reviewed render of the default config; an installed package
+    # has none, and renders into the cache rather than into site-packages.
+    review_copy = default_config and paths.FROM_CHECKOUT and paths.GENERATED_DIR.is_dir()
+    out = args.out or (paths.GENERATED_DIR if review_copy else paths.cache_dir() / "generated")
     changed = render.render_tree(enumerate_specs(config), out)
     print(f"flashgen: rendered {len(enumerate_specs(config))} kernel(s) of {config.path} into "
           f"{out} ({len(changed)} file(s) changed)")
