@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 
@@ -36,7 +36,8 @@ setup(
     # The wheel carries the top-level templates/ folder (kernel templates, the flashgen C++
     # headers, the binding's source) as codegen/templates, so an installed flashgen finds them
     # beside its own code (codegen/paths.py); every file of those kinds, at any depth.
-    packages=["flashgen", "codegen", "codegen.templates"],
+    packages=[*find_packages(include=["flashgen", "flashgen.*", "codegen", "codegen.*"]),
+              "codegen.templates"],
     package_dir={"codegen.templates": "templates"},
     package_data={"codegen": ["configs/*.toml"],
                   "codegen.templates": [f"**/*.{ext}" for ext in ("j2", "cpp", "cuh", "h")]},
