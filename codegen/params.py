@@ -39,7 +39,12 @@ def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "") -> Fie
     return Field(name, ctype, comment, tensor=True, stride_prefix=stride_prefix)
 
 
-_PROBLEM = (
+# What every pass reads: the inputs and the problem's sizes, scale and mask.
+ATTENTION_FIELDS = (
+    _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides in elements "
+            "(64-bit: batch * stride can pass 2^31), head dim contiguous"),
+    _tensor("k", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
+    _tensor("v", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
     Field("batch", "int"), Field("heads", "int"), Field("heads_kv", "int"),
     Field("seqlen_q", "int"), Field("seqlen_k", "int"),
     Field("softmax_scale", "float", "applied to q.k"),
@@ -50,22 +55,13 @@ _PROBLEM = (
 )
 
 FWD_FIELDS = (
-    _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides in elements "
-            "(64-bit: batch * stride can pass 2^31), head dim contiguous"),
-    _tensor("k", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
-    _tensor("v", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
     _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
-    *_PROBLEM,
     Field("ranks_per_round", "int", "mma family: the grid's order (block_order.cuh, "
           "flashgen/families/mma/schedule.py)", default=1),
 )
 
 BWD_FIELDS = (
-    _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides, head dim "
-            "contiguous"),
-    _tensor("k", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
-    _tensor("v", "const void*", "(batch, seqlen_k, heads_kv, head_dim)"),
     _tensor("o", "const void*", "(batch, seqlen_q, heads, head_dim): the forward's output"),
     _tensor("dout", "const void*", "(batch, seqlen_q, heads, head_dim)", stride_prefix="do"),
     _tensor("dq", "void*", "(batch, seqlen_q, heads, head_dim)"),
@@ -77,7 +73,6 @@ BWD_FIELDS = (
     Field("dq_accum", "float*", "(batch, heads, seqlen_q, head_dim padded to the kernel's row "
           "chunk) fp32 workspace that the key blocks add their dq contributions to; nullptr "
           "selects the deterministic path (a second kernel computes dq per query block)"),
-    *_PROBLEM,
     Field("dkv_accum", "float*", "mma family: (split_blocks, 2, block_n, head_dim padded) fp32 "
           "workspace, zeroed by the launcher, where the pieces of each split key block add their "
           "dK and dV, then split_blocks int counters of the pieces that have added (the last one "
@@ -90,12 +85,17 @@ BWD_FIELDS = (
     Field("splits", "int", default=1),
 )
 
-STRUCTS = {"FwdParams": FWD_FIELDS, "BwdParams": BWD_FIELDS}
+# Each pass's struct derives from AttentionParams: its members come after the base's, in memory
+# and in the order Python passes them.
+BASE = "AttentionParams"
+STRUCTS = {BASE: ATTENTION_FIELDS, "FwdParams": FWD_FIELDS, "BwdParams": BWD_FIELDS}
 
 
 def members(fields_: tuple[Field, ...]) -> list[tuple[str, str]]:
-    """The C++ struct's (type, name) members in order: what the binding takes, positionally."""
-    return [m for f in fields_ for m in f.c_members()]
+    """The C++ struct's (type, name) members in order, its base's first (for FWD_FIELDS and
+    BWD_FIELDS): what the binding takes, positionally."""
+    own = [m for f in fields_ for m in f.c_members()]
+    return own if fields_ is ATTENTION_FIELDS else members(ATTENTION_FIELDS) + own
 
 
 def _args_builder(name: str, fields_: tuple[Field, ...]):
@@ -103,7 +103,8 @@ def _args_builder(name: str, fields_: tuple[Field, ...]):
     table's fields by keyword (keyword-only, so a default may sit anywhere; a tensor field gives
     its data pointer and strides). Callers pass the tuple with *args: the binding is positional,
     faster per call than keywords."""
-    tuple_type = namedtuple(name, [m for _, m in members(fields_)])
+    fields_ = ATTENTION_FIELDS + fields_
+    tuple_type = namedtuple(name, [m for f in fields_ for _, m in f.c_members()])
     params = ", ".join(f.name if f.default is None else f"{f.name}={f.default!r}" for f in fields_)
     body, values = [], []
     for f in fields_:
@@ -145,17 +146,23 @@ def header_text() -> str:
         "namespace flashgen {",
     ]
     for struct, fields_ in STRUCTS.items():
-        lines += ["", f"struct {struct} {{"]
+        base = "" if struct == BASE else f" : {BASE}"
+        lines += ["", f"struct {struct}{base} {{"]
         for f in fields_:
             lines += _comment(f.comment, "  ")
             lines += [f"  {ctype} {name};" for ctype, name in f.c_members()]
         lines.append("};")
     lines += ["", "}  // namespace flashgen", "",
-              "// Every member in order, for the binding: X(name) once per member."]
+              "// Every member in order, the base's first, for the binding: X(name) once per "
+              "member."]
     for struct, fields_ in STRUCTS.items():
-        lines.append(f"#define FLASHGEN_{struct.upper()}_MEMBERS(X) \\")
-        names = [name for _, name in members(fields_)]
-        lines += [f"  X({n})" + (" \\" if i + 1 < len(names) else "") for i, n in enumerate(names)]
+        names = [f"X({name})" for f in fields_ for _, name in f.c_members()]
+        if struct != BASE:
+            names.insert(0, f"FLASHGEN_{BASE.upper()}_MEMBERS(X)")
+        macro = f"#define FLASHGEN_{struct.upper()}_MEMBERS(X)"
+        lines += [f"{line} \\" for line in textwrap.wrap(" ".join([macro, *names]), width=97,
+                                                           subsequent_indent="  ")]
+        lines[-1] = lines[-1].removesuffix(" \\")
     return "\n".join(lines) + "\n"
 
 

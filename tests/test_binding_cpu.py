@@ -135,8 +135,12 @@ def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
 @pytest.mark.parametrize("params_type", [FwdParams, BwdParams], ids=lambda t: t.__name__)
 def test_the_ctypes_structures_mirror_params_h(params_type):
     text = (paths.INCLUDE_DIR / params.HEADER).read_text()
-    declaration = re.search(rf"struct {params_type.__name__} {{(.*?)\n}};", text, re.S).group(1)
-    assert params_type._fields_ == ctypes_fields(declaration)
+
+    def declared(struct: str) -> list:
+        body = re.search(rf"struct {struct}(?: : \w+)? {{(.*?)\n}};", text, re.S).group(1)
+        return ctypes_fields(body)
+
+    assert params_type._fields_ == declared(params.BASE) + declared(params_type.__name__)
 
 
 # Sizes, mask offset and grid orders all different, so that no field passes with another's value.

@@ -9,25 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from flashgen.reference import assert_close_fa2, attention_ref
+from tests.gpu.cases import matrix_cases, sdpa_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
-
-DTYPES = [torch.float16, torch.bfloat16]
-HEAD_DIMS = [32, 64, 96, 128, 192, 256]
-# (batch, seqlen_q, seqlen_k, heads, heads_kv, packed): packed slices q, k, v out of one qkv
-# tensor, so they are non-contiguous.
-SHAPES = [
-    (1, 1, 1, 8, 8, False),
-    (2, 17, 17, 8, 2, True),
-    (1, 113, 203, 8, 1, False),
-    (3, 128, 128, 8, 8, True),
-    (2, 239, 113, 8, 2, False),
-    (1, 512, 1023, 8, 1, False),
-    (4, 1023, 512, 8, 8, False),
-    (1, 2048, 2048, 8, 2, True),
-    (2, 1, 239, 8, 8, False),
-    (1, 239, 1, 8, 2, False),
-]
 
 
 def make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed):
@@ -42,11 +26,7 @@ def make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, packed
     return q, k, v
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}{}".format(
-    *s[:5], "_packed" if s[5] else ""))
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"hd{d}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@matrix_cases
 def test_flash_attn_func(dtype, head_dim, causal, shape):
     from flashgen import flash_attn_func
 
@@ -64,13 +44,7 @@ def test_flash_attn_func(dtype, head_dim, causal, shape):
     assert_close_fa2(lse, lse_ref, lse_pt, "lse")
 
 
-SDPA_SHAPES = [(2, 17, 17, 8, 8), (1, 239, 113, 8, 2), (2, 113, 239, 8, 1), (1, 1024, 1024, 8, 8)]
-
-
-@pytest.mark.parametrize("shape", SDPA_SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"hd{d}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@sdpa_cases
 def test_sdpa_drop_in(dtype, head_dim, is_causal, shape):
     from flashgen import scaled_dot_product_attention
 

@@ -1,6 +1,6 @@
 """Shared-memory and register estimates of forward and backward tiles, checked before nvcc runs.
 
-They mirror the static_asserts and kSmemBytes of templates/include/flashgen/fwd_traits.cuh and
+They mirror the static_asserts and kSmemBytes of templates/include/flashgen/mma/fwd_traits.cuh and
 bwd_traits.cuh.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 ELEMENT_BYTES = 2  # fp16 and bf16
 # fp32 accumulators (O and S) a thread may hold. At 192 (hd128, 128x64, 4 warps) ptxas already
-# uses all 255 registers and spills 72-80 bytes (notes/perf.md); more would spill heavily.
+# uses all 255 registers and spills 72-80 bytes; more would spill heavily.
 MAX_ACCUMULATOR_REGISTERS = 192
 # The forward kernel runs the tiles that need a mask (the diagonal, the ragged end of the keys) in
 # a loop of their own, so that the loop over the rest carries no masking code, when the
 # accumulators leave ptxas room for that second copy of the loop body. H100, bf16, seqlen 4096
-# (notes/perf.md): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-14% faster;
+# (docs/performance.md, "Split masked loop"): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-14% faster;
 # hd128 (192) spilled 204 bytes instead of 64 and ran 7-10% slower.
 SPLIT_MASKED_LOOP_MAX_ACCUMULATORS = 160
 
@@ -96,9 +96,9 @@ def backward_smem_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int
 
 
 # Bulk adds of dQ rows pay from this many bytes per row (head dim 64 and up). H100, bf16
-# (notes/perf.md): against the atomics, they ran 1.17x at head dim 128 and 1.31x at 256 (session
-# 4), and 1.04-1.07x at head dim 64 on its 128 x 128 tile (session 7; on the 64 x 128 tile of
-# session 4 they had lost).
+# (docs/performance.md, "dQ by bulk reduce-adds on sm_90"): against the atomics, they ran 1.17x
+# at head dim 128 and 1.31x at 256, and 1.04-1.07x at head dim 64 on its 128 x 128 tile (on a
+# 64 x 128 tile they lost).
 DQ_BULK_ADD_MIN_ROW_BYTES = 256
 
 
@@ -121,7 +121,7 @@ def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: 
 
 # The backward step is compiled twice, masked and not, when a thread's share of the score tile
 # reaches this many elements: left to one copy behind a runtime `if`, ptxas predicates the mask
-# (two instructions per score element) into every step. H100, bf16 (notes/perf.md, session 7):
+# (two instructions per score element) into every step. H100, bf16 (docs/performance.md, "Split masked step"):
 # at head dim 64 (128 x 128 tile, 64 scores per thread) the split ran 1.00-1.05x; at head dim
 # 128 (64 x 128, 32 per thread) the second copy raised the spill from 8 to 24 bytes and the
 # causal cells ran 0.94-1.01x.

@@ -15,7 +15,7 @@ removes it, but then the blocks running together come from different (batch, hea
 no K/V reads, which a model of DRAM traffic puts at up to 0.8 of the bandwidth at 300 TFLOP/s
 (3 TB/s, block_m 128); rounds of w ranks divide that by w and leave a tail of at most w short
 blocks. Measured on an H100 (bf16, head dims 64/128/256, seqlen 512-16k, causal; ratios to
-FlashAttention-2 in the same process, notes/perf.md "Session 6"): mean 1.055x with one round,
+FlashAttention-2 in the same process, docs/performance.md "Grid order"): mean 1.055x with one round,
 1.106x with 1 or 2 ranks per round, 1.098x with 4, 1.086x with 8. Two keep half the L2 sharing
 for the same speed.
 
@@ -27,7 +27,7 @@ query blocks), and its tiles fill an SM, one block each. Under causal masking on
 (batch, head)s, as few as hold SORTED_TAIL_WAVES waves of blocks, run longest first across them:
 the same list-scheduling model put the one-round tail at 3% of the ideal time at head dim 64
 (seqlen 1k-8k) and 6-7% at 128 (1k-8k) and 256 (1k-4k), and at 0.2-1.4% with 4 waves sorted
-(simulate_bwd_order.py in notes/runs/2026-11-23-session9/). Measured on an H100 (bf16 and fp16,
+(docs/performance.md, "Sorted tail and its L2 rule"). Measured on an H100 (bf16 and fp16,
 same process, 2 to 6 runs a cell): +1 to +6.5% at hd128 2k-4k, -1 to +7% at hd64 2k-16k (mostly
 +2-4%), as long as the tail's (batch, head)s keep their dQ workspace within SORTED_TAIL_L2_SHARE of
 L2 (36 MiB of the H100's 50 at hd128 8k and hd256 4k); at 40 MiB (hd128 16k, hd256 8k) sorting lost
@@ -42,7 +42,7 @@ through an fp32 workspace, so that the tail takes ceil(last_wave * splits / S) r
 steps / splits steps each, plus a piece's own cost (SPLIT_PIECE_STEPS: loading K, V and its first
 Q/dO tile, adding its dK and dV). Sums in an order that varies, so not on the deterministic path.
 Under causal masking the sorted tail already ends the grid on short blocks. Measured on an H100
-(bf16 and fp16, split against whole in one process, 2-4 runs a cell, notes/perf.md "Session 10"):
+(bf16 and fp16, split against whole in one process, 2-4 runs a cell, docs/performance.md "Split tail"):
 mostly +1.5 to +5.5% at hd64 2k-16k (pieces of 2-16 steps), +1.1 to +1.6% at hd128 8k-16k,
 +0.4 to +2.6% at hd256 2k-16k, -1.7 to +1.2% at hd128 2k-4k; pieces of one step gained at most
 0.8% (hd64 1k) or lost up to 1% (hd64 512), so a piece gets at least MIN_PIECE_STEPS.

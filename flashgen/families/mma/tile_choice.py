@@ -14,14 +14,14 @@ So a smaller block_m pays where the main tile leaves SMs idle: batch 1, 16 heads
 block_m = 128 makes 64 blocks for an H100's 132 SMs; block_m = 64 makes 128 and should finish in
 about half the time. Blocks resident per SM (shared memory, registers) stay out of the model on
 purpose: on the H100 a tile that fits one block per SM ran at 0.83x of the same tile with two
-(hd128 m128n64w4s3 against m128n64w4s2, notes/perf.md), not at the 0.5x that counting resident
+(hd128 m128n64w4s3 against m128n64w4s2), not at the 0.5x that counting resident
 blocks as independent slots would predict; an SM's second block hides latency, it does not double
 the SM. Under causal masking the longest query blocks run first and the short ones fill the tail,
 so the model overstates causal calls' tail and the margin below matters more there.
 
-The main tile is the tuned one: on a full GPU the block_m = 64 variants ran at 0.81-0.93x of it
-(`flashgen tune` on the H100, bf16, seqlen 4096, hd64 and hd256:
-notes/runs/2026-11-21-h100-tune/tune_fwd.json), so a variant has to promise up to 1.23x just to
+The main tile is the tuned one: on a full GPU the block_m = 64 alt tiles ran at 0.81-0.93x of it
+(`flashgen tune` on the H100, bf16, seqlen 4096, hd64 and hd256; docs/performance.md, "Tile
+variants, shape-aware choice"), so an alt tile has to promise up to 1.23x just to
 break even. It runs only when the model gives it MARGIN times less time; with block_m halved the
 model's ratios are 2 (the main tile fills at most half the SMs), 4/3, 6/5, ..., so 1.5 admits only
 the first.

@@ -8,7 +8,7 @@
 
 namespace flashgen {
 
-struct FwdParams {
+struct AttentionParams {
   // (batch, seqlen_q, heads, head_dim), any strides in elements (64-bit: batch * stride can pass
   // 2^31), head dim contiguous
   const void* q;
@@ -25,13 +25,6 @@ struct FwdParams {
   int64_t v_batch_stride;
   int64_t v_row_stride;
   int64_t v_head_stride;
-  // (batch, seqlen_q, heads, head_dim)
-  void* o;
-  int64_t o_batch_stride;
-  int64_t o_row_stride;
-  int64_t o_head_stride;
-  // (batch, heads, seqlen_q), contiguous, natural log
-  float* softmax_lse;
   int batch;
   int heads;
   int heads_kv;
@@ -44,26 +37,21 @@ struct FwdParams {
   // Causal mask: query row i sees key j iff j <= i + mask_offset. seqlen_k - seqlen_q aligns it to
   // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
   int mask_offset;
+};
+
+struct FwdParams : AttentionParams {
+  // (batch, seqlen_q, heads, head_dim)
+  void* o;
+  int64_t o_batch_stride;
+  int64_t o_row_stride;
+  int64_t o_head_stride;
+  // (batch, heads, seqlen_q), contiguous, natural log
+  float* softmax_lse;
   // mma family: the grid's order (block_order.cuh, flashgen/families/mma/schedule.py)
   int ranks_per_round;
 };
 
-struct BwdParams {
-  // (batch, seqlen_q, heads, head_dim), any strides, head dim contiguous
-  const void* q;
-  int64_t q_batch_stride;
-  int64_t q_row_stride;
-  int64_t q_head_stride;
-  // (batch, seqlen_k, heads_kv, head_dim)
-  const void* k;
-  int64_t k_batch_stride;
-  int64_t k_row_stride;
-  int64_t k_head_stride;
-  // (batch, seqlen_k, heads_kv, head_dim)
-  const void* v;
-  int64_t v_batch_stride;
-  int64_t v_row_stride;
-  int64_t v_head_stride;
+struct BwdParams : AttentionParams {
   // (batch, seqlen_q, heads, head_dim): the forward's output
   const void* o;
   int64_t o_batch_stride;
@@ -97,18 +85,6 @@ struct BwdParams {
   // blocks add their dq contributions to; nullptr selects the deterministic path (a second kernel
   // computes dq per query block)
   float* dq_accum;
-  int batch;
-  int heads;
-  int heads_kv;
-  int seqlen_q;
-  int seqlen_k;
-  // applied to q.k
-  float softmax_scale;
-  // softmax_scale * log2(e): the softmax runs on exp2
-  float scale_log2;
-  // Causal mask: query row i sees key j iff j <= i + mask_offset. seqlen_k - seqlen_q aligns it to
-  // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
-  int mask_offset;
   // mma family: (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher,
   // where the pieces of each split key block add their dK and dV, then split_blocks int counters of
   // the pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0
@@ -123,79 +99,16 @@ struct BwdParams {
 
 }  // namespace flashgen
 
-// Every member in order, for the binding: X(name) once per member.
-#define FLASHGEN_FWDPARAMS_MEMBERS(X) \
-  X(q) \
-  X(q_batch_stride) \
-  X(q_row_stride) \
-  X(q_head_stride) \
-  X(k) \
-  X(k_batch_stride) \
-  X(k_row_stride) \
-  X(k_head_stride) \
-  X(v) \
-  X(v_batch_stride) \
-  X(v_row_stride) \
-  X(v_head_stride) \
-  X(o) \
-  X(o_batch_stride) \
-  X(o_row_stride) \
-  X(o_head_stride) \
-  X(softmax_lse) \
-  X(batch) \
-  X(heads) \
-  X(heads_kv) \
-  X(seqlen_q) \
-  X(seqlen_k) \
-  X(softmax_scale) \
-  X(scale_log2) \
-  X(mask_offset) \
-  X(ranks_per_round)
-#define FLASHGEN_BWDPARAMS_MEMBERS(X) \
-  X(q) \
-  X(q_batch_stride) \
-  X(q_row_stride) \
-  X(q_head_stride) \
-  X(k) \
-  X(k_batch_stride) \
-  X(k_row_stride) \
-  X(k_head_stride) \
-  X(v) \
-  X(v_batch_stride) \
-  X(v_row_stride) \
-  X(v_head_stride) \
-  X(o) \
-  X(o_batch_stride) \
-  X(o_row_stride) \
-  X(o_head_stride) \
-  X(dout) \
-  X(do_batch_stride) \
-  X(do_row_stride) \
-  X(do_head_stride) \
-  X(dq) \
-  X(dq_batch_stride) \
-  X(dq_row_stride) \
-  X(dq_head_stride) \
-  X(dk) \
-  X(dk_batch_stride) \
-  X(dk_row_stride) \
-  X(dk_head_stride) \
-  X(dv) \
-  X(dv_batch_stride) \
-  X(dv_row_stride) \
-  X(dv_head_stride) \
-  X(softmax_lse) \
-  X(softmax_d) \
-  X(dq_accum) \
-  X(batch) \
-  X(heads) \
-  X(heads_kv) \
-  X(seqlen_q) \
-  X(seqlen_k) \
-  X(softmax_scale) \
-  X(scale_log2) \
-  X(mask_offset) \
-  X(dkv_accum) \
-  X(sorted_tail_blocks) \
-  X(split_blocks) \
+// Every member in order, the base's first, for the binding: X(name) once per member.
+#define FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(q) X(q_batch_stride) X(q_row_stride) \
+  X(q_head_stride) X(k) X(k_batch_stride) X(k_row_stride) X(k_head_stride) X(v) X(v_batch_stride) \
+  X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
+  X(softmax_scale) X(scale_log2) X(mask_offset)
+#define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
+  X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round)
+#define FLASHGEN_BWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
+  X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
+  X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
+  X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
+  X(softmax_lse) X(softmax_d) X(dq_accum) X(dkv_accum) X(sorted_tail_blocks) X(split_blocks) \
   X(splits)

@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
 
   // Staged dQ: the rows a step staged are added once the next barrier has passed, thread r
   // adding row r. The first warps issue (and wait for) them all: spread over every warp, the
-  // same adds ran 6-15% slower on an H100 (notes/perf.md).
+  // same adds ran 6-15% slower on an H100.
   const bool issues_bulk_add = tid < kBlockM;
   float* staged_dq = nullptr;  // the staged block's first row in the workspace
   int staged_rows = 0;
@@ -275,9 +275,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // previous step's buffers: free once every warp has passed one of this step's barriers. Where
   // dQ leaves by per-thread atomics, they load after the mid-step barrier: issued at the loop
   // top, right behind the previous step's atomics, the loads waited for those, and the warps for
-  // the loads at the next loop top (13% of stall samples at hd64 when it added by atomics, ncu;
-  // moved, +4%: notes/perf.md). Bulk adds leave through the copy engine: there the loads stay at the top,
-  // with the whole step to land.
+  // the loads at the next loop top (13% of stall samples at hd64 when it added by atomics, ncu);
+  // after the barrier they ran 4% faster. Bulk adds leave through the copy engine: there the loads
+  // stay at the top, with the whole step to land.
   auto load_next_q_do = [&](int step) {
     if (kQStages == 2 && step + 1 < step_end) {
       load_q_do(step + 1, (step + 1) % kQStages);

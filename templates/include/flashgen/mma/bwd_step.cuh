@@ -101,9 +101,9 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
   copy(store, thr_store.retile_S(ds_regs), thr_store.partition_D(sdS));
 }
 
-// The step, in one copy per case where the traits ask for it (codegen/resources.py): behind a
+// The step, in one copy per case where the traits ask for it (codegen/families/mma/resources.py): behind a
 // plain `if`, ptxas predicates the mask into every step, two instructions per score element
-// (11% of the hd64 dK/dV kernel's instructions, ncu, notes/perf.md).
+// (11% of the hd64 dK/dV kernel's instructions, ncu).
 template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
           class SmemP>
 __device__ __forceinline__ void compute_p_ds(const BwdParams& p, Seqs const& seq, Mask const& mask,

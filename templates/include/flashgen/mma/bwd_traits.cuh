@@ -37,8 +37,7 @@ struct BwdTraits {
 
   // S and dP: a thread holds the lse and D of each of its rows through the step, so of two
   // equally square splits the one with fewer rows per thread. At hd64's 128 x 128 tile, 32 x 64
-  // per warp instead of 64 x 32 took ptxas's spill from 44 bytes to none (notes/perf.md,
-  // session 8).
+  // per warp instead of 64 x 32 took ptxas's spill from 44 bytes to none.
   static constexpr int kWarpsMSdP = warps_along_m(kBlockM, kBlockN, kWarps, true);
   static constexpr int kWarpsNdKV = warps_along_m(kBlockN, kHeadDimPadded, kWarps);
   static constexpr int kWarpsMdQ = warps_along_m(kBlockM, kHeadDimPadded, kWarps);
@@ -76,7 +75,7 @@ struct BwdTraits {
   // every block's tiles, its counter. flashgen/backward.py sizes it alike.
   static constexpr int kSplitFloats = 2 * kBlockN * kHeadDimPadded + 1;
 
-  // The step in two copies, masked and not (codegen/resources.py, splits_masked_step).
+  // The step in two copies, masked and not (codegen/families/mma/resources.py, splits_masked_step).
   static constexpr bool kSplitMaskedStep = kSplitMaskedStep_;
 
   static constexpr int kSmemBytes =

@@ -20,7 +20,7 @@ struct FwdTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKvStages = kKvStages_;
-  // The tiles that need a mask run in a loop of their own (codegen/resources.py decides).
+  // The tiles that need a mask run in a loop of their own (codegen/families/mma/resources.py decides).
   static constexpr bool kSplitMaskedLoop = kSplitMaskedLoop_;
 
   static constexpr int kBlockK = row_chunk(kHeadDim);
