@@ -180,11 +180,12 @@ def test_opcheck_with_the_real_kernels(causal, heads_first):
     """Schema, autograd registration, fake against real shapes and strides, and AOT autograd
     with dynamic shapes."""
     q, k, v = make_qkv(seqlen_q=113, seqlen_k=203)
-    forward_args = (q, k, v, 0.125, causal, 203 - 113, True, heads_first)
+    mask = "causal" if causal else "none"
+    forward_args = (q, k, v, 0.125, mask, 203 - 113, True, heads_first)
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
     backward_args = (torch.randn_like(out), *(t.detach() for t in (q, k, v, out, lse)), 0.125,
-                     causal, 203 - 113, True, heads_first)
+                     mask, 203 - 113, True, heads_first)
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(BWD, backward_args, test_utils=checks)
 
