@@ -77,11 +77,12 @@ def test_installed_package_runs_outside_the_checkout(installed):
     for path in map(Path, located):
         assert path.resolve().is_relative_to(purelib), (path, purelib)
         assert not path.resolve().is_relative_to(paths.REPO_ROOT), path
-    assert (purelib / "codegen" / "templates" / "include" / "flashgen" / "params.h").is_file()
+    include = purelib / "codegen" / "templates" / "include" / "flashgen"
+    assert (include / "common" / "params.h").is_file()
 
     flashgen = python.parent / "flashgen"
     listed = _run([flashgen, "list"], cwd=work, env=env).stdout
-    assert "fwd_sm90_bf16_hd128_causal_" in listed and "bwd_sm80_fp16_hd64_full_" in listed
+    assert "fwd_mma_sm90_bf16_hd128_causal_" in listed and "bwd_mma_sm80_fp16_hd64_none_" in listed
     assert listed.rstrip().endswith("116 kernel(s)")
 
     before = _installed_files(purelib)
@@ -89,7 +90,8 @@ def test_installed_package_runs_outside_the_checkout(installed):
     out = _run([flashgen, "generate", "--dry-run"], cwd=work, env=env).stdout
     assert f"into {generated} " in out
     assert (generated / "manifest.json").is_file()
-    assert len(list(generated.glob("sm_*/*.cu"))) == 116
+    assert sorted(p.name for p in generated.glob("*/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu"]
+    assert (generated / "manifest.json").read_text().count('"name": ') == 116
     assert _installed_files(purelib) == before  # nothing rendered into site-packages
     assert not any(work.iterdir())
 
@@ -106,7 +108,7 @@ from codegen.config import load_config
 from codegen.spec import enumerate_specs
 
 specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_80"], head_dims=[32],
-                        dtypes=["fp16"], causal=[False], directions=["fwd"], variants=False)
+                        dtypes=["fp16"], masks=["none"], kinds=["fwd"], alt_tiles=False)
 assert len(specs) == 1, specs
 build.build(specs, objects_only=True, log=lambda line: None)
 print(specs[0].name)
