@@ -96,8 +96,8 @@ def test_committed_params_header_matches_the_table():
 
 def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pays():
     config = load_config(paths.DEFAULT_CONFIG)
-    backward = {(s.arch, s.head_dim): s for s in enumerate_specs(config, kinds=["bwd"],
-                                                                  dtypes=["bf16"], masks=["causal"])}
+    specs = enumerate_specs(config, kinds=["bwd"], dtypes=["bf16"], masks=["causal"])
+    backward = {(s.arch, s.head_dim): s for s in specs}
     staged = {key for key, spec in backward.items()
               if mma.template_context(spec)["dq_bulk_reduce"]}
     # rows of 256 bytes and more, on the arch with bulk adds
@@ -114,9 +114,9 @@ def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pay
 def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_scores():
     config = load_config(paths.DEFAULT_CONFIG)
     split = {(s.arch, s.head_dim) for s in enumerate_specs(config, kinds=["bwd"])
-             if mma.template_context(s)["split_masked_step"]}
+             if mma.template_context(s)["mask_free_step"]}
     # 128 x 128 tiles over 8 warps: 64 scores per thread; 64 x 128 and 64 x 64 hold 32 and 16
     assert split == {("sm_80", 32), ("sm_90", 32), ("sm_90", 64)}
-    assert resources.splits_masked_step(128, 128, 8)
-    assert not resources.splits_masked_step(64, 128, 8)
-    assert not resources.splits_masked_step(128, 128, 16)
+    assert resources.has_mask_free_step(128, 128, 8)
+    assert not resources.has_mask_free_step(64, 128, 8)
+    assert not resources.has_mask_free_step(128, 128, 16)

@@ -48,11 +48,11 @@ def template_context(spec) -> dict:
     """The compile-time choices each kind's traits take beyond the tile (resources.py decides)."""
     t = spec.tile
     if spec.kind == "fwd":
-        return {"split_masked_loop": resources.splits_masked_loop(spec.head_dim, t.block_m,
-                                                                  t.block_n, t.warps)}
+        return {"separate_masked_loop": resources.separates_masked_loop(
+            spec.head_dim, t.block_m, t.block_n, t.warps)}
     return {"dq_bulk_reduce": resources.stages_dq_for_bulk_add(spec.head_dim, t.block_m, t.block_n,
                                                                t.q_stages, ARCHS[spec.arch]),
-            "split_masked_step": resources.splits_masked_step(t.block_m, t.block_n, t.warps)}
+            "mask_free_step": resources.has_mask_free_step(t.block_m, t.block_n, t.warps)}
 
 
 FAMILY = Family(

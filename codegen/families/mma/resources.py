@@ -13,9 +13,9 @@ MAX_ACCUMULATOR_REGISTERS = 192
 # The forward kernel runs the tiles that need a mask (the diagonal, the ragged end of the keys) in
 # a loop of their own, so that the loop over the rest carries no masking code, when the
 # accumulators leave ptxas room for that second copy of the loop body. H100, bf16, seqlen 4096
-# (docs/performance.md, "Split masked loop"): split, hd64 (128 accumulator registers) and hd256 (160) ran 1-14% faster;
-# hd128 (192) spilled 204 bytes instead of 64 and ran 7-10% slower.
-SPLIT_MASKED_LOOP_MAX_ACCUMULATORS = 160
+# (docs/performance.md, "Separate masked loop"): separate, hd64 (128 accumulator registers) and
+# hd256 (160) ran 1-14% faster; hd128 (192) spilled 204 bytes instead of 64 and ran 7-10% slower.
+SEPARATE_MASKED_LOOP_MAX_ACCUMULATORS = 160
 
 
 def row_chunk(head_dim: int) -> int:
@@ -40,10 +40,10 @@ def accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int)
     return (block_m * padded_head_dim(head_dim) + block_m * block_n) // threads
 
 
-def splits_masked_loop(head_dim: int, block_m: int, block_n: int, warps: int) -> bool:
+def separates_masked_loop(head_dim: int, block_m: int, block_n: int, warps: int) -> bool:
     """Whether the forward kernel gives the masked tiles a loop of their own."""
     return (accumulator_registers(head_dim, block_m, block_n, warps)
-            <= SPLIT_MASKED_LOOP_MAX_ACCUMULATORS)
+            <= SEPARATE_MASKED_LOOP_MAX_ACCUMULATORS)
 
 
 def tile_problems(head_dim: int, block_m: int, block_n: int, warps: int, kv_stages: int,
@@ -121,16 +121,16 @@ def stages_dq_for_bulk_add(head_dim: int, block_m: int, block_n: int, q_stages: 
 
 # The backward step is compiled twice, masked and not, when a thread's share of the score tile
 # reaches this many elements: left to one copy behind a runtime `if`, ptxas predicates the mask
-# (two instructions per score element) into every step. H100, bf16 (docs/performance.md, "Split masked step"):
-# at head dim 64 (128 x 128 tile, 64 scores per thread) the split ran 1.00-1.05x; at head dim
-# 128 (64 x 128, 32 per thread) the second copy raised the spill from 8 to 24 bytes and the
-# causal cells ran 0.94-1.01x.
-SPLIT_MASKED_STEP_MIN_SCORES = 64
+# (two instructions per score element) into every step. H100, bf16 (docs/performance.md,
+# "Mask-free step"): at head dim 64 (128 x 128 tile, 64 scores per thread) the two copies ran
+# 1.00-1.05x; at head dim 128 (64 x 128, 32 per thread) the second copy raised the spill from 8
+# to 24 bytes and the causal cells ran 0.94-1.01x.
+MASK_FREE_STEP_MIN_SCORES = 64
 
 
-def splits_masked_step(block_m: int, block_n: int, warps: int) -> bool:
+def has_mask_free_step(block_m: int, block_n: int, warps: int) -> bool:
     """Whether the backward step has a copy without masking code for the tiles off the edges."""
-    return block_m * block_n // (32 * warps) >= SPLIT_MASKED_STEP_MIN_SCORES
+    return block_m * block_n // (32 * warps) >= MASK_FREE_STEP_MIN_SCORES
 
 
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int, warps: int) -> int:

@@ -42,8 +42,8 @@ through an fp32 workspace, so that the tail takes ceil(last_wave * splits / S) r
 steps / splits steps each, plus a piece's own cost (SPLIT_PIECE_STEPS: loading K, V and its first
 Q/dO tile, adding its dK and dV). Sums in an order that varies, so not on the deterministic path.
 Under causal masking the sorted tail already ends the grid on short blocks. Measured on an H100
-(bf16 and fp16, split against whole in one process, 2-4 runs a cell, docs/performance.md "Split tail"):
-mostly +1.5 to +5.5% at hd64 2k-16k (pieces of 2-16 steps), +1.1 to +1.6% at hd128 8k-16k,
+(bf16 and fp16, split against whole in one process, 2-4 runs a cell, docs/performance.md
+"Split tail"): mostly +1.5 to +5.5% at hd64 2k-16k (pieces of 2-16 steps), +1.1 to +1.6% at hd128 8k-16k,
 +0.4 to +2.6% at hd256 2k-16k, -1.7 to +1.2% at hd128 2k-4k; pieces of one step gained at most
 0.8% (hd64 1k) or lost up to 1% (hd64 512), so a piece gets at least MIN_PIECE_STEPS.
 """

@@ -20,9 +20,8 @@ the SM. Under causal masking the longest query blocks run first and the short on
 so the model overstates causal calls' tail and the margin below matters more there.
 
 The main tile is the tuned one: on a full GPU the block_m = 64 alt tiles ran at 0.81-0.93x of it
-(`flashgen tune` on the H100, bf16, seqlen 4096, hd64 and hd256; docs/performance.md, "Tile
-variants, shape-aware choice"), so an alt tile has to promise up to 1.23x just to
-break even. It runs only when the model gives it MARGIN times less time; with block_m halved the
+(`flashgen tune` on the H100, bf16, seqlen 4096, hd64 and hd256; docs/performance.md, "Alt
+tiles, shape-aware choice"), so an alt tile has to promise up to 1.23x just to break even. It runs only when the model gives it MARGIN times less time; with block_m halved the
 model's ratios are 2 (the main tile fills at most half the SMs), 4/3, 6/5, ..., so 1.5 admits only
 the first.
 """

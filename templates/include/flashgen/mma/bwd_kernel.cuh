@@ -178,7 +178,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   using SmemQ = typename Traits::SmemLayoutQ;
   using SmemK = typename Traits::SmemLayoutK;
   using SmemP = typename Traits::SmemLayoutP;
-  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), SmemQ{});  // (BLK_M, HDP, S)
+  // (BLK_M, HDP, S)
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)), SmemQ{});
   Tensor sdO = make_tensor(sQ.data() + cosize(SmemQ{}), SmemQ{});
   Tensor sK = make_tensor(sdO.data() + cosize(SmemQ{}), SmemK{});    // (BLK_N, HDP)
   Tensor sV = make_tensor(sK.data() + cosize(SmemK{}), SmemK{});

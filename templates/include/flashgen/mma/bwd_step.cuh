@@ -101,8 +101,8 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
   copy(store, thr_store.retile_S(ds_regs), thr_store.partition_D(sdS));
 }
 
-// The step, in one copy per case where the traits ask for it (codegen/families/mma/resources.py): behind a
-// plain `if`, ptxas predicates the mask into every step, two instructions per score element
+// The step, in one copy per case where the traits ask for it (codegen/families/mma/
+// resources.py): behind a plain `if`, ptxas predicates the mask into every step, two instructions per score element
 // (11% of the hd64 dK/dV kernel's instructions, ncu).
 template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
           class SmemP>
@@ -113,15 +113,15 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, Seqs const& seq
                                              const float* lse, const float* softmax_d) {
   const bool masked =
       mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(m_block, n_block);
-  if constexpr (!Traits::kSplitMaskedStep) {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
-                                       softmax_d, masked);
+  if constexpr (!Traits::kMaskFreeStep) {
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
+                              n_block, lse, softmax_d, masked);
   } else if (masked) {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
-                                       softmax_d, true_type{});
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
+                              n_block, lse, softmax_d, true_type{});
   } else {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block, n_block, lse,
-                                       softmax_d, false_type{});
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
+                              n_block, lse, softmax_d, false_type{});
   }
 }
 

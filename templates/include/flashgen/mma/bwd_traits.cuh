@@ -19,7 +19,7 @@ namespace flashgen {
 using namespace cute;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kQStages_, class Element_,
-          bool kDqBulkReduce_, bool kSplitMaskedStep_>
+          bool kDqBulkReduce_, bool kMaskFreeStep_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -75,8 +75,9 @@ struct BwdTraits {
   // every block's tiles, its counter. flashgen/backward.py sizes it alike.
   static constexpr int kSplitFloats = 2 * kBlockN * kHeadDimPadded + 1;
 
-  // The step in two copies, masked and not (codegen/families/mma/resources.py, splits_masked_step).
-  static constexpr bool kSplitMaskedStep = kSplitMaskedStep_;
+  // The step in two copies, masked and mask-free (codegen/families/mma/resources.py,
+  // has_mask_free_step).
+  static constexpr bool kMaskFreeStep = kMaskFreeStep_;
 
   static constexpr int kSmemBytes =
       int(sizeof(Element)) * (2 * cosize(SmemLayoutQ{}) + 2 * cosize(SmemLayoutK{}) +

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   // Key blocks this query block needs: those up to the mask's last visible one. None (rows that
   // see no key) still runs the epilogue: O = 0, lse = -inf.
   const int rows_in_block = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
-  const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + rows_in_block - 1);
+  const int n_block_max =
+      mask.template key_block_end<kBlockN>(m_block * kBlockM + rows_in_block - 1);
 
   // Global memory, (rows, head_dim) for this sequence and head.
   Tensor mQ = seq.template q_rows<const Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
@@ -147,8 +148,9 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     }
     cp_async_fence();
 
-    const bool warp_sees_keys = !(kMask && Mask::kHidesKeys) ||
-                                mask.sees_from(m_block * kBlockM + warp_last_row, n_block * kBlockN);
+    const bool warp_sees_keys =
+        !(kMask && Mask::kHidesKeys) ||
+        mask.sees_from(m_block * kBlockM + warp_last_row, n_block * kBlockN);
     if (warp_sees_keys) {
       // S = Q K^T
       Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   };
 
   int tile = 0;
-  if constexpr (Traits::kSplitMaskedLoop) {
+  if constexpr (Traits::kSeparateMaskedLoop) {
     // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first.
     CUTE_NO_UNROLL
     for (; tile < n_tiles &&
@@ -184,7 +186,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     }
   }
   CUTE_NO_UNROLL
-  for (; tile < n_tiles; ++tile) step(tile, cute::bool_constant<!Traits::kSplitMaskedLoop>{});
+  for (; tile < n_tiles; ++tile) step(tile, cute::bool_constant<!Traits::kSeparateMaskedLoop>{});
   // Every thread's copies have landed before O overwrites Q's shared memory. The loop's barrier
   // does not cover a block that ran no tile (rows that see no key): without this one, another
   // thread's Q copy could land on top of the staged output.

@@ -11,7 +11,7 @@ namespace flashgen {
 using namespace cute;
 
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kWarps_, int kKvStages_, class Element_,
-          bool kSplitMaskedLoop_>
+          bool kSeparateMaskedLoop_>
 struct FwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
@@ -20,8 +20,9 @@ struct FwdTraits {
   static constexpr int kWarps = kWarps_;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kKvStages = kKvStages_;
-  // The tiles that need a mask run in a loop of their own (codegen/families/mma/resources.py decides).
-  static constexpr bool kSplitMaskedLoop = kSplitMaskedLoop_;
+  // The tiles that need a mask run in a loop of their own (codegen/families/mma/resources.py
+  // decides).
+  static constexpr bool kSeparateMaskedLoop = kSeparateMaskedLoop_;
 
   static constexpr int kBlockK = row_chunk(kHeadDim);
   static constexpr int kHeadDimPadded = padded_to_chunk(kHeadDim);
