@@ -132,7 +132,9 @@ def source_key(spec: KernelSpec) -> str:
 
 
 def gencode(spec: KernelSpec) -> str:
-    return spec.family_record.gencode(ARCHS[spec.arch])
+    """The spec's target and its family's own flags."""
+    family = spec.family_record
+    return " ".join([family.gencode(ARCHS[spec.arch]), *family.nvcc_flags])
 
 
 def entry_key(spec: KernelSpec, nvcc: str) -> str:

@@ -179,9 +179,13 @@ def _parse_tile(table, kind: Kind, head_dim: int, arch, where: str, fail,
     missing = [k for k in keys if k not in table]
     if missing:
         raise fail(where, f"missing key(s) {missing}")
+    flags = kind.tile.flags()
     for key in keys:
         value = table[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if key in flags:
+            if not isinstance(value, bool):
+                raise fail(f"{where}.{key}", f"{value!r} must be true or false")
+        elif not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise fail(f"{where}.{key}", f"{value!r} must be a positive integer")
     tile = kind.tile(*(table[k] for k in keys))
     problems = kind.problems(head_dim, tile, arch)

@@ -24,10 +24,16 @@ class Tile:
     def keys(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    @classmethod
+    def flags(cls) -> frozenset[str]:
+        """The keys that are on/off switches (true/false in the config) rather than sizes."""
+        return frozenset(f.name for f in fields(cls) if f.type in (bool, "bool"))
+
     @property
     def suffix(self) -> str:
-        """e.g. m128n64w4s2: every value, so that the spec name names the tile."""
-        return "".join(f"{letter}{getattr(self, key)}"
+        """e.g. m128n64w4s2: every value (a flag as 0 or 1), so that the spec name names the
+        tile."""
+        return "".join(f"{letter}{int(getattr(self, key))}"
                        for letter, key in zip(self.SUFFIX, self.keys(), strict=True))
 
 
@@ -55,6 +61,8 @@ class Family:
     template_context: Callable[..., dict] = lambda spec: {}
     # arch -> nvcc's -gencode flag (a family may need the arch-specific target, e.g. sm_90a)
     gencode: Callable[..., str] = lambda arch: arch.gencode
+    # nvcc flags of this family's kernels alone
+    nvcc_flags: tuple[str, ...] = ()
 
     def kind(self, name: str) -> Kind:
         for kind in self.kinds:

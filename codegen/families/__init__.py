@@ -4,9 +4,9 @@ here (or a register() call, as the tests' toy family does)."""
 from __future__ import annotations
 
 from codegen.family import Family
-from codegen.families import mma
+from codegen.families import hopper, mma
 
-FAMILIES: dict[str, Family] = {mma.FAMILY.name: mma.FAMILY}
+FAMILIES: dict[str, Family] = {f.name: f for f in (hopper.FAMILY, mma.FAMILY)}
 
 
 def register(family: Family) -> None:

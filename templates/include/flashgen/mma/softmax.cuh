@@ -6,21 +6,12 @@
 #include <cmath>
 #include <cute/tensor.hpp>
 
+#include "flashgen/common/quad.cuh"
 #include "flashgen/mma/accumulator.cuh"
 
 namespace flashgen {
 
 using namespace cute;
-
-// A row's values are spread over the 4 threads of a quad (lanes 4r .. 4r+3).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
-  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffff, x, 2);
-  return x + __shfl_xor_sync(0xffffffff, x, 1);
-}
 
 template <int kRows>
 struct OnlineSoftmax {

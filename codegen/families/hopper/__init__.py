@@ -1,0 +1,49 @@
+"""The hopper family: the forward on wgmma + TMA for sm_90a (warp specialised, FlashAttention-3's
+design).
+
+One thread block per block_m query rows: a producer warp loads Q once and streams K and V by TMA
+through rings of kv_stages buffers; consumer warpgroups (one per 64 rows) run QK^T and PV on
+wgmma, taking turns on the tensor cores (pingpong) and issuing the next tile's QK^T before this
+tile's softmax (overlap). Templates in templates/hopper/, headers in
+templates/include/flashgen/hopper/; resources.py mirrors their budgets. The backward runs on the
+mma family, which reads this forward's lse as its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codegen.family import Family, Kind, Tile
+from codegen.families.hopper import resources
+from codegen.paths import TEMPLATES_DIR
+
+
+@dataclass(frozen=True, order=True)
+class FwdTile(Tile):
+    SUFFIX = ("m", "n", "s", "p", "o")
+    block_m: int    # query rows per thread block: 64 per consumer warpgroup (64, 128 or 192)
+    block_n: int    # key rows per K/V stage (a multiple of 16, at most 256)
+    kv_stages: int  # K and V tiles in flight in the TMA rings (>= 2)
+    pingpong: bool  # the consumer warpgroups take turns issuing their GEMMs
+    overlap: bool   # a warpgroup issues the next QK^T before this tile's softmax
+
+
+def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:
+    return resources.tile_problems(head_dim, tile.block_m, tile.block_n, tile.kv_stages,
+                                   arch.smem_limit)
+
+
+FAMILY = Family(
+    name="hopper",
+    archs=("sm_90",),
+    # Ahead of the mma family (100): on an H100 it runs the forward whenever it is built.
+    priority=50,
+    kinds=(Kind("fwd", table=None, tile=FwdTile, template="fwd_kernel.cu.j2",
+                problems=_fwd_problems),),
+    template_dir=TEMPLATES_DIR / "hopper",
+    # wgmma and setmaxnreg exist only in the arch-specific target.
+    gencode=lambda arch: "-gencode=arch=compute_90a,code=sm_90a",
+    # ptxas warns (C7510) when it must serialise wgmma across a call or a branch it cannot
+    # prove warpgroup-uniform, which costs 20-25%: a build failure, not a slow kernel.
+    nvcc_flags=("-Xptxas=--warning-as-error",),
+)

@@ -1,0 +1,355 @@
+// The Hopper forward: thread blocks computing tiles of kBlockM query rows of one (batch, head),
+// warp specialised (fwd_launch.cuh gives each block one tile today). Warpgroup 0's first thread loads Q once and streams K and V tiles by TMA through
+// two rings of kStages buffers (one for K, one for V, so QK^T never waits on V); each consumer
+// warpgroup owns 64 query rows and runs S = Q K^T and O += P V on wgmma, with the online softmax
+// between them. Key blocks run last to first, so the blocks the mask cuts come first and the rest
+// run unmasked.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/common/seqinfo.cuh"
+#include "flashgen/hopper/fragments.cuh"
+#include "flashgen/hopper/fwd_traits.cuh"
+
+namespace flashgen::hopper {
+
+// Named barriers (0 is __syncthreads): consumer w waits on kTurn + w for its turn to issue
+// GEMMs; kEpilogue + w gathers consumer w's threads before its output store.
+constexpr int kTurnBarrier = 1;
+constexpr int kEpilogueBarrier = 4;
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Which (query block, head, batch) a thread block computes: a (batch, head)'s query blocks run
+// together, so they share its K and V in L2. Under a mask that hides keys they run longest first
+// (last query block first), so the short ones fill the last wave.
+struct TileCoord {
+  int m_block, head, batch;
+
+  template <bool kLongestFirst>
+  __device__ __forceinline__ static TileCoord of(int index, int m_blocks, int heads) {
+    const int m = index % m_blocks;
+    const int bh = index / m_blocks;
+    return {kLongestFirst ? m_blocks - 1 - m : m, bh % heads, bh / heads};
+  }
+};
+
+// The TMA descriptors, one kernel parameter in constant space.
+template <class TmaQ, class TmaK, class TmaV, class TmaO>
+struct FwdTmas {
+  TmaQ q;
+  TmaK k;
+  TmaV v;
+  TmaO o;
+};
+
+// One warpgroup's GEMM: c (+)= a * b over every k-block, issued and committed, not waited for.
+template <bool kZeroInit, class TiledMma, class A, class B, class C>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, A const& a, B const& b, C& c) {
+  using namespace cute;
+  warpgroup_fence_operand(c);
+  if constexpr (!std::is_same_v<typename A::engine_type::iterator, GMMA::DescriptorIterator>) {
+    warpgroup_fence_operand(const_cast<A&>(a));
+  }
+  warpgroup_arrive();
+  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+}
+
+template <class Traits, class Mask, class Tmas>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::PipelineKV;
+  using HD = typename Traits::HD;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kConsumers = Traits::kConsumers;
+
+  extern __shared__ char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+
+  // Thread block b computes tiles b, b + gridDim.x, ... Producer and consumers walk the same
+  // tiles and make the same decisions from them.
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+  const int tiles = m_blocks * p.heads * p.batch;
+  struct Work {
+    TileCoord tile;
+    DenseSeqs seq;
+    Mask mask;
+    int n_blocks;  // key blocks this tile visits: n_blocks - 1 down to 0
+  };
+  auto work_of = [&](int index) {
+    const TileCoord tile = TileCoord::of<Mask::kHidesKeys>(index, m_blocks, p.heads);
+    const DenseSeqs seq(p, tile.batch);
+    const Mask mask(seq.seqlen_k, seq.mask_offset);
+    const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
+    return Work{tile, seq, mask, mask.template key_block_end<kBlockN>(last_row)};
+  };
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool producer_thread = threadIdx.x == 0;
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kTileBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = producer_thread;
+  pipe_params.num_consumers = Traits::kConsumerThreads;
+  Pipeline pipeline_k(smem.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_v(smem.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  if (producer_thread) {
+    TxBarrier::init(&smem.q_full, 1);
+    Barrier::init(&smem.q_free, kConsumers);
+    prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.o.get_tma_descriptor());
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (!producer_thread) return;
+
+    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+    Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+    Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+    auto k_state = cutlass::make_producer_start_state<Pipeline>();
+    auto v_state = cutlass::make_producer_start_state<Pipeline>();
+    int tile_count = 0;
+    for (int index = blockIdx.x; index < tiles; index += gridDim.x, ++tile_count) {
+      const Work w = work_of(index);
+      const int head_kv = w.tile.head / (p.heads / p.heads_kv);
+      // (64-row slab, head dim, slabs) of this head's queries; (block_n, head dim, blocks) of
+      // its keys and values.
+      Tensor gQ = local_tile(mQ(_, _, w.tile.head, w.tile.batch), Shape<_64, HD>{},
+                             make_coord(_, _0{}));
+      Tensor gK = local_tile(mK(_, _, head_kv, w.tile.batch), Shape<Int<kBlockN>, HD>{},
+                             make_coord(_, _0{}));
+      Tensor gV = local_tile(mV(_, _, head_kv, w.tile.batch), Shape<Int<kBlockN>, HD>{},
+                             make_coord(_, _0{}));
+      auto [tQgQ, tQsQ] = tma_partition(tmas.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                        group_modes<0, 2>(gQ));
+      auto [tKgK, tKsK] = tma_partition(tmas.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(tmas.v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                        group_modes<0, 2>(gV));
+
+      int n_block = w.n_blocks - 1;
+      if (n_block >= 0) {
+        pipeline_k.producer_acquire(k_state);
+        copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block),
+             tKsK(_, k_state.index()));
+        ++k_state;
+      }
+      // Q's buffer holds the previous tile's output until its stores have read it.
+      if (tile_count > 0) Barrier::wait(&smem.q_free, (tile_count - 1) & 1);
+      if (n_block < 0) continue;
+      TxBarrier::arrive_and_expect_tx(&smem.q_full, kConsumers * Traits::kSlabBytes);
+      CUTE_UNROLL
+      for (int c = 0; c < kConsumers; ++c) {
+        copy(tmas.q.with(smem.q_full), tQgQ(_, w.tile.m_block * kConsumers + c), tQsQ(_, c));
+      }
+      // K one block ahead of V: the consumers need K of block n before V of block n + 1.
+      for (; n_block >= 0; --n_block) {
+        if (n_block > 0) {
+          pipeline_k.producer_acquire(k_state);
+          copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block - 1),
+               tKsK(_, k_state.index()));
+          ++k_state;
+        }
+        pipeline_v.producer_acquire(v_state);
+        copy(tmas.v.with(*pipeline_v.producer_get_barrier(v_state)), tVgV(_, n_block),
+             tVsV(_, v_state.index()));
+        ++v_state;
+      }
+    }
+    return;
+  }
+
+  // A consumer warpgroup: 64 query rows of each tile.
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread = threadIdx.x % 128;
+
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(thread);
+  auto thr_o = mma_o.get_thread_slice(thread);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ(_, _, consumer));  // descriptors
+  Tensor tSrK = thr_s.partition_fragment_B(sK);
+  Tensor tOrV = thr_o.partition_fragment_B(sVt);
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, HD>{});
+  Tensor tSrP = make_tensor<Element>(tSrS.layout());
+  Tensor tOrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));
+  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<_64, Int<kBlockN>>{}));
+  Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
+  auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
+  auto thr_store = store.get_thread_slice(thread);
+  Tensor mO = tmas.o.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+
+  // Ping-pong: consumer c issues its GEMMs between waiting on turn c and passing turn c + 1. In
+  // each tile the last consumer opens the first turn; every consumer has the same number of
+  // turns, so the last one skips passing on its final turn, which leaves no barrier with a
+  // pending arrival at the tile's end.
+  auto wait_turn = [&] {
+    if constexpr (Traits::kPingpong) named_sync(kTurnBarrier + consumer, 256);
+  };
+  auto pass_turn = [&](bool final_turn) {
+    if constexpr (Traits::kPingpong) {
+      if (!(final_turn && consumer == kConsumers - 1)) {
+        named_arrive(kTurnBarrier + (consumer + 1) % kConsumers, 256);
+      }
+    }
+  };
+
+  typename Pipeline::PipelineState k_state, v_state;
+  int q_loads = 0;
+  for (int index = blockIdx.x; index < tiles; index += gridDim.x) {
+    const Work w = work_of(index);
+    const int row0 = w.tile.m_block * kBlockM + consumer * 64;
+    auto masked = [&](int n_block) {
+      if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
+        apply_mask(w.mask, tSrS, tScS, row0, n_block * kBlockN);
+      }
+    };
+    OnlineSoftmax softmax(p.scale_log2);
+    float rescale[2];
+    clear(tOrO);
+
+    if (w.n_blocks > 0) {
+      if constexpr (Traits::kPingpong) {
+        if (consumer == kConsumers - 1) named_arrive(kTurnBarrier, 256);
+      }
+      TxBarrier::wait(&smem.q_full, q_loads++ & 1);
+
+      int n_block = w.n_blocks - 1;
+      wait_turn();
+      pipeline_k.consumer_wait(k_state);
+      warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+      pass_turn(!Traits::kOverlap && w.n_blocks == 1);
+      warpgroup_wait<0>();
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      masked(n_block);
+      softmax.update<true>(tSrS, rescale);
+
+      if constexpr (Traits::kOverlap) {
+        // Block n's QK^T and block n + 1's PV go out together; the softmax of block n runs
+        // while the PV is still on the tensor cores.
+        convert_into(tSrP, tSrS);
+        for (--n_block; n_block >= 0; --n_block) {
+          wait_turn();
+          pipeline_k.consumer_wait(k_state);
+          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+          pipeline_v.consumer_wait(v_state);
+          warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+          pass_turn(false);
+          warpgroup_wait<1>();
+          pipeline_k.consumer_release(k_state);
+          ++k_state;
+          masked(n_block);
+          softmax.update<false>(tSrS, rescale);
+          warpgroup_wait<0>();
+          pipeline_v.consumer_release(v_state);
+          ++v_state;
+          scale_rows(tOrO, rescale);
+          convert_into(tSrP, tSrS);
+        }
+        wait_turn();
+        pipeline_v.consumer_wait(v_state);
+        warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+        pass_turn(true);
+        warpgroup_wait<0>();
+        pipeline_v.consumer_release(v_state);
+        ++v_state;
+      } else {
+        // In turn: QK^T, softmax, PV, each waited for.
+        for (;;) {
+          convert_into(tSrP, tSrS);
+          pipeline_v.consumer_wait(v_state);
+          warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+          warpgroup_wait<0>();
+          pipeline_v.consumer_release(v_state);
+          ++v_state;
+          if (--n_block < 0) break;
+          wait_turn();
+          pipeline_k.consumer_wait(k_state);
+          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+          pass_turn(n_block == 0);
+          warpgroup_wait<0>();
+          pipeline_k.consumer_release(k_state);
+          ++k_state;
+          masked(n_block);
+          softmax.update<false>(tSrS, rescale);
+          scale_rows(tOrO, rescale);
+        }
+      }
+    }
+
+    float lse[2];
+    softmax.finish(tOrO, lse);
+
+    // lse: (batch, heads, seqlen_q); the first thread of each quad holds its two rows'.
+    if (thread % 4 == 0) {
+      Tensor rows = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
+      float* lse_rows = p.softmax_lse + w.seq.row_stats_offset(p.heads, w.tile.head);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + get<0>(rows(r, 0));
+        if (row < w.seq.seqlen_q) lse_rows[row] = lse[r];
+      }
+    }
+
+    // O: registers -> this consumer's Q rows in shared memory (its last QK^T has read them) ->
+    // global by TMA, which drops the rows past seqlen_q. Once the store has read them, the rows
+    // are free for the next tile's Q.
+    convert_into(tOrO_out, tOrO);
+    // Without keys no Q was loaded, so nothing ordered this tile after the previous tile's store
+    // of the same rows: wait for the thread that issued it.
+    if (w.n_blocks == 0) named_sync(kEpilogueBarrier + consumer, 128);
+    copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sQ(_, _, consumer)));
+    cutlass::arch::fence_view_async_shared();
+    named_sync(kEpilogueBarrier + consumer, 128);
+    if (thread == 0) {
+      Tensor gO = local_tile(mO(_, _, w.tile.head, w.tile.batch), Shape<_64, HD>{},
+                             make_coord(_, _0{}));
+      auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                        group_modes<0, 2>(gO));
+      copy(tmas.o, tOsO(_, consumer), tOgO(_, w.tile.m_block * kConsumers + consumer));
+      tma_store_arrive();
+      tma_store_wait<0>();
+      Barrier::arrive(&smem.q_free);
+    }
+  }
+}
+
+}  // namespace flashgen::hopper

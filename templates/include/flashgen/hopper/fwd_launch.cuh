@@ -1,0 +1,68 @@
+// Host side of one Hopper forward specialisation: the TMA descriptors of q, k, v and o (built
+// per call from the params' pointers and strides), grid, shared memory, launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+
+#include "flashgen/common/launch.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/hopper/fwd_kernel.cuh"
+
+namespace flashgen::hopper {
+
+// A (rows, head dim, heads, batch) tensor of one of the params' (batch, row, head) views.
+template <class Element, int kHeadDim, class Pointer>
+auto gmem_heads(Pointer ptr, int rows, int heads, int batch, int64_t row_stride,
+                int64_t head_stride, int64_t batch_stride) {
+  using namespace cute;
+  return make_tensor(make_gmem_ptr(static_cast<Element*>(const_cast<void*>(ptr))),
+                     make_shape(rows, Int<kHeadDim>{}, heads, batch),
+                     make_stride(row_stride, _1{}, head_stride, batch_stride));
+}
+
+template <class Traits>
+auto make_fwd_tmas(const FwdParams& p) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  auto q = gmem_heads<Element, kHeadDim>(p.q, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                                         p.q_head_stride, p.q_batch_stride);
+  auto k = gmem_heads<Element, kHeadDim>(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                                         p.k_head_stride, p.k_batch_stride);
+  auto v = gmem_heads<Element, kHeadDim>(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                                         p.v_head_stride, p.v_batch_stride);
+  auto o = gmem_heads<Element, kHeadDim>(p.o, p.seqlen_q, p.heads, p.batch, p.o_row_stride,
+                                         p.o_head_stride, p.o_batch_stride);
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SlabLayout{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
+  auto tma_o = make_tma_copy(SM90_TMA_STORE{}, o, typename Traits::SlabLayout{});
+  return FwdTmas<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>{
+      tma_q, tma_k, tma_v, tma_o};
+}
+
+// Mask: a policy of common/mask.cuh.
+template <class Traits, class Mask>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t blocks = m_blocks * p.batch * p.heads;
+  if (blocks == 0) return cudaSuccess;
+  if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
+
+  const auto tmas = make_fwd_tmas<Traits>(p);
+  auto kernel = fwd_kernel<Traits, Mask, decltype(tmas)>;
+  if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
+  }
+  // One thread block per tile: the kernel can walk several (a persistent grid of one block per
+  // SM), but with tiles dealt out statically the blocks drift apart, their K and V stop sharing
+  // L2 and causal rows unbalance them (H100: causal 16k head dim 128 fell from 640-690 to 440
+  // TFLOP/s). Persistence waits for a scheduler that hands out tiles in order.
+  kernel<<<unsigned(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
+  return cudaGetLastError();
+}
+
+}  // namespace flashgen::hopper

@@ -1,0 +1,97 @@
+// Compile-time shape of one Hopper forward specialisation: shared-memory layouts, the two
+// warpgroup GEMMs, the TMA boxes and the register split between producer and consumers.
+// codegen/families/hopper/resources.py mirrors the budgets asserted here.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+namespace flashgen::hopper {
+
+// The widest GMMA swizzle whose atom (8 rows x 8..64 elements) divides a row of `kCols`
+// 16-bit elements: 128-byte rows make bank-conflict-free loads for every wgmma operand.
+template <class Element, int kCols>
+constexpr auto smem_atom() {
+  using namespace cute;
+  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else if constexpr (kCols % 16 == 0) return GMMA::Layout_K_SW32_Atom<Element>{};
+  else return GMMA::Layout_K_INTER_Atom<Element>{};
+}
+
+// kBlockM query rows per thread block, 64 per consumer warpgroup; kBlockN keys per K/V stage.
+// kPingpong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
+// softmax runs under another's GEMMs. kOverlap: inside a warpgroup, the next tile's QK^T is
+// issued before this tile's softmax.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_,
+          bool kPingpong_, bool kOverlap_>
+struct FwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = kBlockM / 64;  // consumer warpgroups
+  static constexpr bool kPingpong = kPingpong_ && kConsumers > 1;
+  static constexpr bool kOverlap = kOverlap_;
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
+
+  static_assert(kBlockM % 64 == 0 && kConsumers >= 1 && kConsumers <= 3,
+                "block_m: 64, 128 or 192 (one consumer warpgroup per 64 rows)");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: a multiple of 16, at most 256");
+  static_assert(kStages >= 2, "kv_stages: at least 2");
+
+  // setmaxnreg: the producer keeps what TMA issue needs, the consumers share the rest of the
+  // 64K registers (multiples of 8, one block per SM).
+  static constexpr int kProducerRegisters = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+
+  using Atom = decltype(smem_atom<Element, kHeadDim>());
+  using HD = cute::Int<kHeadDim>;
+  using BN = cute::Int<kBlockN>;
+  // One consumer's 64 query rows: the Q box, and later the O box of the TMA store.
+  using SlabLayout = decltype(cute::tile_to_shape(Atom{}, cute::Shape<cute::_64, HD>{}));
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(Atom{}, cute::Shape<cute::_64, HD, cute::Int<kConsumers>>{}));
+  // One K or V tile (the TMA box), and the ring of them.
+  using TileLayoutKV = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD>{}));
+  using SmemLayoutKV =
+      decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
+  // V as PV's B operand: (head_dim, keys), head dim contiguous (MN-major), same bytes.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // Per consumer warpgroup: S = Q K^T (64 x kBlockN, both from shared memory) and O += P V
+  // (64 x kHeadDim, P from registers).
+  using TiledMmaS = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BN, HD>>()));
+  using TiledMmaO = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HD, BN>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  struct SharedStorage {
+    // Q, then each consumer's O on its own rows once its last QK^T has run.
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
+    typename PipelineKV::SharedStorage pipeline_k;
+    typename PipelineKV::SharedStorage pipeline_v;
+    alignas(8) uint64_t q_full;  // Q has landed
+    alignas(8) uint64_t q_free;  // every consumer's output store has read its Q rows
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 232448, "tile needs more than the 227 KB of shared memory");
+
+  static constexpr uint32_t kSlabBytes = 64 * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);
+};
+
+}  // namespace flashgen::hopper
