@@ -25,7 +25,8 @@ def config_path() -> Path:
 
 
 def forced_family() -> str | None:
-    """$FLASHGEN_FAMILY: run only that kernel family's kernels (unset: the best configured)."""
+    """$FLASHGEN_FAMILY: run that kernel family's kernels wherever it has the kind (unset: the best
+    configured)."""
     return os.environ.get("FLASHGEN_FAMILY") or None
 
 

@@ -33,9 +33,10 @@ class Choice:
 def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, head_dim: int,
                mask: str, config_path: Path | str = "the config",
                family: str | None = None) -> tuple[Choice, ...]:
-    """Every spec that can run this call, best first: by family priority, then in each family
-    the head dim's tiles (its own head dim if configured, else the next larger one) in the
-    config's order, the main tile first. specs: every configured spec, each (family, kind, arch,
+    """Every spec that can run this call, best first: each family's kernels of the smallest
+    configured head dim that fits (the call's own, else the next larger one: zero-padded), the
+    families with the least padding first and among those by priority; in each family the head
+    dim's tiles in the config's order, the main tile first. specs: every configured spec, each (family, kind, arch,
     dtype, head dim, mask)'s tiles in the config's order. family: only that family's (None: all).
     Raises DispatchError, saying how to configure one, when there is none."""
     arch_specs = [s for s in specs if s.arch == arch and s.kind == kind
@@ -53,14 +54,17 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
     if not matching:
         raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
                             f"with mask {mask!r} for {arch}")
-    chosen = []
-    for name in sorted({s.family for s in matching},
-                       key=lambda f: (families.FAMILIES[f].priority, f)):
+    # Each family's smallest fitting head dim; the least padding first (padding is work), then
+    # family priority.
+    ranked = []
+    for name in {s.family for s in matching}:
         of_family = [s for s in matching if s.family == name]
-        fitting = sorted({s.head_dim for s in of_family if s.head_dim >= head_dim})
-        if fitting:
-            chosen += [Choice(s, pad_head_dim=s.head_dim != head_dim) for s in of_family
-                       if s.head_dim == fitting[0]]
+        fitting = min((s.head_dim for s in of_family if s.head_dim >= head_dim), default=None)
+        if fitting is not None:
+            ranked.append(((fitting, families.FAMILIES[name].priority, name),
+                           [s for s in of_family if s.head_dim == fitting]))
+    chosen = [Choice(s, pad_head_dim=s.head_dim != head_dim)
+              for _, of_family in sorted(ranked, key=lambda r: r[0]) for s in of_family]
     if chosen:
         return tuple(chosen)
     configured = sorted({s.head_dim for s in matching})

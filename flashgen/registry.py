@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from codegen import paths
+from codegen import families, paths
 from codegen.config import Config, load_config
 from codegen.spec import KernelSpec
 from flashgen import dispatch
@@ -34,6 +34,14 @@ def specs() -> tuple[KernelSpec, ...]:
 def candidates(arch: str, kind: str, dtype: str, head_dim: int,
                mask: str) -> tuple[dispatch.Choice, ...]:
     """dispatch.candidates over the active config (its errors name the config), restricted to
-    $FLASHGEN_FAMILY when set."""
+    $FLASHGEN_FAMILY when set and that family builds this kind (FLASHGEN_FAMILY=hopper forces the
+    forward; gradients still run on a family that has a backward)."""
+    forced = paths.forced_family()
+    if forced is not None and forced not in families.FAMILIES:
+        raise dispatch.DispatchError(
+            f"flashgen: FLASHGEN_FAMILY={forced} names no kernel family; known: "
+            f"{', '.join(sorted(families.FAMILIES))}")
+    if forced is not None and not any(s.family == forced and s.kind == kind for s in specs()):
+        forced = None
     return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask, paths.config_path(),
-                               family=paths.forced_family())
+                               family=forced)

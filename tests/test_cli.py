@@ -20,11 +20,13 @@ def test_version():
 
 def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
-    assert "rendered 116 kernel(s)" in capsys.readouterr().out
+    assert "rendered 136 kernel(s)" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu"]
+    assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
     assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
     assert manifest.count('"name": "bwd_mma_sm90_') == 24
+    assert manifest.count('"name": "fwd_hopper_sm90_') == 20  # 5 head dims x dtypes x masks
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -52,7 +54,8 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in out and "not built" in out
     assert "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the alt tile
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
-    assert "12 kernel(s)" in out
+    assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
+    assert "16 kernel(s)" in out
 
 
 def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):

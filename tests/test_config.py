@@ -6,6 +6,7 @@ import pytest
 
 from codegen import paths
 from codegen.config import ConfigError, load_config
+from codegen.spec import enumerate_specs
 from codegen.families.mma import BwdTile, FwdTile
 
 TILE = "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
@@ -22,9 +23,10 @@ def write(tmp_path, text):
 
 def test_default_config_declares_the_documented_head_dims():
     config = load_config(paths.DEFAULT_CONFIG)
-    assert config.archs == ["sm_80", "sm_90"] and config.families == ["mma"]
+    assert config.archs == ["sm_80", "sm_90"] and config.families == ["hopper", "mma"]
     for arch in config.archs:
         assert config.head_dims("mma", "fwd", arch) == [32, 64, 96, 128, 192, 256]
+    assert config.head_dims("hopper", "fwd", "sm_90") == [64, 96, 128, 192, 256]
     assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none")
 
 
@@ -142,3 +144,41 @@ def test_invalid_configs_are_rejected(tmp_path, text, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_hopper_tiles_take_switches_as_booleans(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(HOPPER_TABLE.format(pingpong="false"))
+    (spec, *_) = enumerate_specs(load_config(good), head_dims=[128])
+    assert spec.tile.pingpong is False and spec.name.endswith("m128n128s2p0o1")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(HOPPER_TABLE.format(pingpong="1"))
+    with pytest.raises(ConfigError, match=r"pingpong: 1 must be true or false"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"block_m": 256}, r"64, 128 or 192"),
+    ({"block_n": 120}, r"multiple of 16"),
+    ({"kv_stages": 1}, r"at least 2"),
+    ({"block_n": 256, "kv_stages": 4}, r"shared memory"),
+])
+def test_hopper_tiles_are_checked_before_nvcc(tmp_path, overrides, message):
+    lines = HOPPER_TABLE.format(pingpong="true").splitlines()
+    for key, value in overrides.items():
+        lines = [f"{key} = {value}" if line.startswith(f"{key} =") else line for line in lines]
+    path = tmp_path / "bad.toml"
+    path.write_text("\n".join(lines))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+HOPPER_TABLE = """dtypes = ["bf16"]
+masks = ["none"]
+[hopper.sm_90.head_dim.128]
+block_m = 128
+block_n = 128
+kv_stages = 2
+pingpong = {pingpong}
+overlap = true
+"""

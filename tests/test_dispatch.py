@@ -20,13 +20,21 @@ CONFIG = registry._load(paths.DEFAULT_CONFIG)[0]
 @pytest.mark.parametrize("mask", ["none", "causal"])
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
 def test_configured_head_dims_run_exactly_main_tile_first(arch, head_dim, dtype, mask, kind):
+    """The hopper family runs the sm_90 forward of the head dims it configures (all but 32), the
+    mma family the rest; each family's kernels of the head dim come together, main tile first."""
     choices = candidates(SPECS, arch, kind, dtype, head_dim, mask)
-    assert [c.spec.tile for c in choices] == list(CONFIG.tiles_of("mma", kind, arch, head_dim))
-    for choice in choices:
+    hopper = (arch, kind) == ("sm_90", "fwd") and head_dim != 32
+    order = ["hopper", "mma"] if hopper else ["mma"]
+    exact = [c for c in choices if not c.pad_head_dim]
+    assert list(choices[:len(exact)]) == exact  # a family that would pad comes after
+    assert [c.spec.tile for c in exact] == [
+        t for family in order for t in CONFIG.tiles_of(family, kind, arch, head_dim)]
+    for choice in exact:
         spec = choice.spec
-        assert (spec.family, spec.kind, spec.arch, spec.dtype, spec.head_dim, spec.mask) == (
-            "mma", kind, arch, dtype, head_dim, mask)
+        assert (spec.kind, spec.arch, spec.dtype, spec.head_dim, spec.mask) == (
+            kind, arch, dtype, head_dim, mask)
         assert not choice.pad_head_dim and choice.padded_head_dim is None
+    assert choices[0].spec.family == order[0]
 
 
 @pytest.mark.parametrize("head_dim, runs_on", [(8, 32), (40, 64), (72, 96), (80, 96),
@@ -41,7 +49,7 @@ def test_head_dim_above_the_largest_lists_the_configured_ones():
         candidates(SPECS, "sm_90", "fwd", "bf16", 264, "none")
 
 
-@pytest.mark.parametrize("kind, table", [("fwd", r"\[mma.sm_90.head_dim.192\]\nblock_m = "),
+@pytest.mark.parametrize("kind, table", [("fwd", r"\[hopper.sm_90.head_dim.192\]\nblock_m = "),
                                          ("bwd", r"\[mma.sm_90.head_dim.192.backward\]\n")])
 def test_head_dim_beyond_a_smaller_config_shows_the_table_to_add(kind, table):
     specs = tuple(s for s in SPECS if s.head_dim <= 128)
@@ -60,16 +68,20 @@ def test_dtype_not_built():
         candidates(specs, "sm_90", "fwd", "fp16", 64, "none")
 
 
+MMA_SPECS = tuple(s for s in SPECS if s.family == "mma")
+
+
 def _with_family(name: str, priority: int, head_dims=(64, 128)):
-    """SPECS plus a copy of the mma sm_90 forward specs of head_dims under another family."""
+    """The mma family's specs plus a copy of its sm_90 forward specs of head_dims under another
+    family."""
     from dataclasses import replace
 
     families.register(Family(name=name, archs=("sm_90",), priority=priority,
                              kinds=families.FAMILIES["mma"].kinds,
                              template_dir=families.FAMILIES["mma"].template_dir))
-    extra = tuple(replace(s, family=name) for s in SPECS
+    extra = tuple(replace(s, family=name) for s in MMA_SPECS
                   if s.arch == "sm_90" and s.kind == "fwd" and s.head_dim in head_dims)
-    return SPECS + extra
+    return MMA_SPECS + extra
 
 
 @pytest.fixture
@@ -88,10 +100,14 @@ def test_candidates_come_by_family_priority_then_tile(second_family, priority, f
 
 
 def test_a_family_runs_padded_where_it_lacks_the_head_dim(second_family):
+    """Padding is work: a family with the call's own head dim goes first, whatever the
+    priorities; one that pads comes after it."""
     specs = second_family("second", 10, head_dims=(128,))
     choices = candidates(specs, "sm_90", "fwd", "bf16", 64, "none")
-    assert [(c.spec.family, c.spec.head_dim) for c in choices] == [
-        ("second", 128), ("second", 128), ("mma", 64), ("mma", 64)]
+    assert [(c.spec.family, c.spec.head_dim, c.pad_head_dim) for c in choices] == [
+        ("mma", 64, False), ("mma", 64, False), ("second", 128, True), ("second", 128, True)]
+    choices = candidates(specs, "sm_90", "fwd", "bf16", 100, "none")
+    assert [c.spec.family for c in choices] == ["second", "second", "mma", "mma"]
 
 
 def test_forcing_a_family_keeps_only_its_kernels(second_family):

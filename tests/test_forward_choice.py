@@ -22,7 +22,8 @@ def forward(monkeypatch):
     from flashgen.families import mma
 
     monkeypatch.delenv("FLASHGEN_CONFIG", raising=False)
-    monkeypatch.delenv("FLASHGEN_FAMILY", raising=False)
+    # These tests are about the mma family's tile choice; dispatch would run the hopper family.
+    monkeypatch.setenv("FLASHGEN_FAMILY", "mma")
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H100)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     monkeypatch.setattr(forward.loader, "launcher", lambda spec: SimpleNamespace(spec=spec))
@@ -83,12 +84,24 @@ def test_pinning_an_alt_tile_the_head_dim_lacks_is_not_implemented(forward):
 
 
 def test_flashgen_family_restricts_dispatch(forward, monkeypatch):
+    monkeypatch.delenv("FLASHGEN_FAMILY")
+    assert forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096).family == "hopper"
+    forward.clear_plans()
     monkeypatch.setenv("FLASHGEN_FAMILY", "mma")
     assert forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096).family == "mma"
     forward.clear_plans()
     monkeypatch.setenv("FLASHGEN_FAMILY", "absent")
-    with pytest.raises(forward.registry.dispatch.DispatchError, match="no absent forward"):
+    with pytest.raises(forward.registry.dispatch.DispatchError,
+                       match="FLASHGEN_FAMILY=absent names no kernel family; known: hopper, mma"):
         forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096)
+
+
+def test_a_forced_family_without_a_backward_leaves_the_backward_to_one_with_it(monkeypatch):
+    from flashgen import registry
+
+    monkeypatch.setenv("FLASHGEN_FAMILY", "hopper")
+    (first, *_) = registry.candidates("sm_90", "bwd", "bf16", 128, "none")
+    assert first.spec.family == "mma"
 
 
 @pytest.fixture

@@ -18,16 +18,18 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes x 2 masks, one family
-    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2
+    # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes x 2 masks;
+    # hopper: 5 head dims x 2 dtypes x 2 masks, forward on sm_90
+    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2 + 5 * 2 * 2
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 20
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal"]
     assert sorted(s.name for s in chosen) == ["bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
 
@@ -42,14 +44,15 @@ def test_filters():
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    assert len(specs) == 2 * 2 * 6 * 2 * 2
-    assert len({(s.kind, s.arch, s.dtype, s.head_dim, s.mask) for s in specs}) == len(specs)
+    assert len(specs) == 2 * 2 * 6 * 2 * 2 + 5 * 2 * 2
+    assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask)
+                for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
 
 @pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])
 def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
-    spec = next(s for s in specs if s.kind == kind)
+    spec = next(s for s in specs if s.kind == kind and s.family == "mma")
     text = render.render_spec(spec)
     assert text == render.render_spec(spec)
     assert f'extern "C" int {spec.name}(' in text
@@ -61,7 +64,7 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
-        "manifest.json", "mma/bwd_sample.cu", "mma/fwd_sample.cu"]
+        "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/fwd_sample.cu"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
     stale.parent.mkdir()
@@ -75,7 +78,8 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
     render.render_tree(specs, tmp_path)
     entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
     assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
-    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "warps": 8, "q_stages": 2}
+    assert entries[0]["tile"] == {"block_m": 192, "block_n": 128, "kv_stages": 2,
+                                  "pingpong": True, "overlap": True}  # hopper's, hd64
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
@@ -120,3 +124,10 @@ def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_score
     assert resources.has_mask_free_step(128, 128, 8)
     assert not resources.has_mask_free_step(64, 128, 8)
     assert not resources.has_mask_free_step(128, 128, 16)
+
+
+def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
+    spec = next(s for s in specs if s.family == "hopper" and s.head_dim == 128)
+    text = render.render_spec(spec)
+    assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
+    assert "flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask>" in text

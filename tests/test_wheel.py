@@ -79,19 +79,22 @@ def test_installed_package_runs_outside_the_checkout(installed):
         assert not path.resolve().is_relative_to(paths.REPO_ROOT), path
     include = purelib / "codegen" / "templates" / "include" / "flashgen"
     assert (include / "common" / "params.h").is_file()
+    assert (include / "hopper" / "fwd_kernel.cuh").is_file()
 
     flashgen = python.parent / "flashgen"
     listed = _run([flashgen, "list"], cwd=work, env=env).stdout
     assert "fwd_mma_sm90_bf16_hd128_causal_" in listed and "bwd_mma_sm80_fp16_hd64_none_" in listed
-    assert listed.rstrip().endswith("116 kernel(s)")
+    assert "fwd_hopper_sm90_bf16_hd128_causal_" in listed
+    assert listed.rstrip().endswith("136 kernel(s)")
 
     before = _installed_files(purelib)
     generated = Path(env["FLASHGEN_CACHE_DIR"]) / "generated"
     out = _run([flashgen, "generate", "--dry-run"], cwd=work, env=env).stdout
     assert f"into {generated} " in out
     assert (generated / "manifest.json").is_file()
-    assert sorted(p.name for p in generated.glob("*/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu"]
-    assert (generated / "manifest.json").read_text().count('"name": ') == 116
+    assert sorted(p.relative_to(generated).as_posix() for p in generated.glob("*/*.cu")) == [
+        "hopper/fwd_sample.cu", "mma/bwd_sample.cu", "mma/fwd_sample.cu"]
+    assert (generated / "manifest.json").read_text().count('"name": ') == 136
     assert _installed_files(purelib) == before  # nothing rendered into site-packages
     assert not any(work.iterdir())
 
