@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# compute-sanitizer (memcheck, racecheck, initcheck) over flashgen's forward and backward kernels
-# at odd sizes.
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over flashgen's forward and
+# backward kernels at odd sizes (the forward on the family dispatch picks: hopper on an H100).
 # Run after scripts/gpu_check.sh has built the kernels (same environment variables).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-logs}
 mkdir -p "$OUT"
 status=0
-for tool in memcheck racecheck initcheck; do
+for tool in memcheck racecheck synccheck initcheck; do
   # initcheck must watch every kernel: writes by unwatched kernels (torch.randn) look missing.
   filter=(--kernel-name kns=flashgen)  # every kernel of namespace flashgen, none of torch's
   [ "$tool" = initcheck ] && filter=()

@@ -19,3 +19,14 @@ def poisoned_allocations(monkeypatch):
     monkeypatch.setattr(torch, "empty", poisoning(torch.empty))
     monkeypatch.setattr(torch, "empty_permuted", poisoning(torch.empty_permuted))
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def mma_forward(monkeypatch):
+    """The forward runs on the mma family (its tiles and grid orders are what the test pins)."""
+    from flashgen import forward
+
+    monkeypatch.setenv("FLASHGEN_FAMILY", "mma")
+    forward.clear_plans()
+    yield
+    forward.clear_plans()

@@ -11,7 +11,7 @@ from flashgen import flash_attn_func, forward
 from flashgen.families import mma
 from flashgen.reference import assert_close_fa2, attention_ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations", "mma_forward")]
 
 # (batch, seqlen_q, seqlen_k, heads, heads_kv)
 SHAPES = [(1, 113, 203, 8, 1), (2, 239, 113, 4, 2), (1, 1023, 512, 16, 16), (3, 64, 64, 2, 2)]

@@ -13,7 +13,7 @@ from flashgen import flash_attn_func, forward
 from flashgen.families.mma import schedule
 from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations", "mma_forward")]
 
 # Ranks per round: one rank (longest first across the grid), two, three (a short last round),
 # and one round (each (batch, head) after another).

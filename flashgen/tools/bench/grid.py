@@ -9,10 +9,12 @@ TOKENS = 16384
 HIDDEN = 2048
 IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 # Timed only when asked for (--impl): what deterministic=True costs flashgen's backward, and
-# flashgen's forward on one tile whatever the shape (flashgen.families.mma.pinned_forward_tile):
+# flashgen's mma forward on one tile whatever the shape (flashgen.families.mma.pinned_forward_tile):
 # the main tile, or the head dim's first alt tile.
 PINNED_TILES = {"flashgen_main_tile": 0, "flashgen_alt_tile": 1}
-OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic", *PINNED_TILES)
+# flashgen with the forward on one kernel family ($FLASHGEN_FAMILY), whatever dispatch prefers.
+FAMILY_IMPLEMENTATIONS = {"flashgen_mma": "mma", "flashgen_hopper": "hopper"}
+OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic", *PINNED_TILES, *FAMILY_IMPLEMENTATIONS)
 KNOWN_IMPLEMENTATIONS = IMPLEMENTATIONS + OPTIONAL_IMPLEMENTATIONS
 PEER = "FLASH_ATTENTION"  # FlashAttention-2: the ratio column
 MAIN_TILE = "flashgen_main_tile"  # when timed, a column of what the shape-aware choice gains

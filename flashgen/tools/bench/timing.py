@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import statistics
 import subprocess
 
 from flashgen.tools.bench import report
-from flashgen.tools.bench.grid import (DEFAULT_MODES, IMPLEMENTATIONS, PINNED_TILES, grid_shape,
-                                       input_sets, mode_flops)
+from flashgen.tools.bench.grid import (DEFAULT_MODES, FAMILY_IMPLEMENTATIONS, IMPLEMENTATIONS,
+                                       PINNED_TILES, grid_shape, input_sets, mode_flops)
 
 
 def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
@@ -86,6 +87,8 @@ def backend(name: str):
 
     if name in PINNED_TILES:
         return _pinned_tile(PINNED_TILES[name])
+    if name in FAMILY_IMPLEMENTATIONS:
+        return _forced_family(FAMILY_IMPLEMENTATIONS[name])
     if name.startswith("flashgen"):
         return contextlib.nullcontext()
     return sdpa_kernel(getattr(SDPBackend, name))
@@ -93,17 +96,31 @@ def backend(name: str):
 
 @contextlib.contextmanager
 def _pinned_tile(index: int):
-    """Inside, flashgen's forward runs its head dim's tile `index` (0: the main tile) for every
-    shape. Plans are cleared on both sides: a shape planned outside must be planned again inside,
-    and the pinned plans must not outlive the context."""
-    from flashgen import forward
+    """Inside, flashgen's mma forward runs its head dim's tile `index` (0: the main tile) for
+    every shape. Plans are cleared on both sides: a shape planned outside must be planned again
+    inside, and the pinned plans must not outlive the context."""
     from flashgen.families import mma
 
+    with _forced_family("mma"), mma.pinned_forward_tile(index):
+        yield
+
+
+@contextlib.contextmanager
+def _forced_family(family: str):
+    """Inside, flashgen's forward runs on `family` ($FLASHGEN_FAMILY); plans are cleared on both
+    sides, as for a pinned tile."""
+    from flashgen import forward
+
+    previous = os.environ.get("FLASHGEN_FAMILY")
+    os.environ["FLASHGEN_FAMILY"] = family
     forward.clear_plans()
     try:
-        with mma.pinned_forward_tile(index):
-            yield
+        yield
     finally:
+        if previous is None:
+            del os.environ["FLASHGEN_FAMILY"]
+        else:
+            os.environ["FLASHGEN_FAMILY"] = previous
         forward.clear_plans()
 
 

@@ -1,0 +1,64 @@
+"""The hopper family on the GPU: dispatch runs it on compute capability 9.0, every built kernel
+runs wgmma, and its persistent grid gets tiles without keys right between tiles with keys. The
+rest of the forward suite runs on it too (it is the default there); scripts/gpu_check.sh runs
+the forward files again with FLASHGEN_FAMILY=mma."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from codegen import build
+from flashgen import flash_attn_func, forward, registry
+from flashgen.reference import assert_close_fa2, attention_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+
+hopper_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="the hopper family runs on compute capability 9.0")
+
+
+@hopper_gpu
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_dispatch_runs_the_hopper_forward_on_compute_capability_9_0(mask):
+    spec = forward.kernel_for(torch.device("cuda", 0), "bf16", 128, mask, 16, 4096)
+    forced = os.environ.get("FLASHGEN_FAMILY")
+    assert spec.family == (forced or "hopper")
+
+
+@hopper_gpu
+def test_every_built_hopper_kernel_runs_wgmma():
+    """ptxas turns wgmma into HGMMA; a kernel whose SASS lacks it fell back to something else."""
+    cuobjdump = shutil.which("cuobjdump") or os.path.join(
+        os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "cuobjdump")
+    if not os.path.exists(cuobjdump):
+        pytest.skip("cuobjdump (CUDA toolkit) is not installed")
+    entries = [e for s in registry.specs() if s.family == "hopper"
+               if (e := build.find_entry(s)) is not None]
+    assert entries, "no hopper kernel is built: run `flashgen generate --arch sm_90` first"
+    for entry in entries:
+        sass = subprocess.run([cuobjdump, "-sass", str(entry.lib)], capture_output=True,
+                              text=True, check=True).stdout
+        assert "HGMMA" in sass, f"{entry.spec.name}: no HGMMA in its SASS"
+
+
+@hopper_gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_tiles_without_keys_between_tiles_with_keys(head_dim):
+    """Bottom-right causal with seqlen_q > seqlen_k: the first 500 rows see no key. More tiles
+    than SMs, so each persistent thread block runs empty and full tiles in turn."""
+    q = torch.randn(4, 700, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(4, 200, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out, lse, _ = flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal=True)
+    out_pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_close_fa2(out, out_ref, out_pt, "out")
+    assert torch.equal(out[:, :500], torch.zeros_like(out[:, :500]))
+    assert torch.isneginf(lse[:, :, :500]).all()
+    torch.testing.assert_close(lse[:, :, 500:], lse_ref[:, :, 500:], atol=1e-3, rtol=1e-4)
