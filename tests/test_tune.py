@@ -168,3 +168,30 @@ def test_set_backward_tile_appends_a_missing_table(tmp_path):
     config = load_config(path)
     assert config.tiles_of("mma", "bwd", "sm_90", 80) == (BwdTile(64, 64, 8, 2),)
     assert config.tiles_of("mma", "fwd", "sm_90", 80) == (FwdTile(128, 64, 4, 2),)
+
+
+def test_hopper_candidates_fit_and_include_the_default():
+    from codegen.families import hopper
+
+    config = load_config(paths.DEFAULT_CONFIG)
+    for head_dim in config.head_dims("hopper", "fwd", "sm_90"):
+        tiles = tune.candidate_tiles("hopper", "fwd", "sm_90", head_dim)
+        assert all(type(t) is hopper.FwdTile for t in tiles)
+        assert config.tiles_of("hopper", "fwd", "sm_90", head_dim)[0] in tiles
+        assert all(not hopper.resources.tile_problems(head_dim, t.block_m, t.block_n,
+                                                      t.kv_stages, ARCHS["sm_90"].smem_limit)
+                   for t in tiles)
+
+
+def test_hopper_tiles_round_trip_through_suffix_and_config(tmp_path):
+    from codegen.families.hopper import FwdTile as HopperTile
+
+    tile = HopperTile(192, 64, 3, False, True)
+    assert tune.parse_tile(tile.suffix, HopperTile) == tile
+    assert tune.parse_tile(tile.suffix, HopperTile).pingpong is False
+    text = tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "hopper", "fwd", "sm_90", 128, tile)
+    assert "[hopper.sm_90.head_dim.128]\nblock_m = 192\nblock_n = 64\nkv_stages = 3\n" \
+           "pingpong = false\noverlap = true\n" in text
+    path = tmp_path / "tuned.toml"
+    path.write_text(text)
+    assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 128)[0] == tile

@@ -30,6 +30,12 @@ GRIDS = {
                 "kv_stages": (2, 3)},
         "bwd": {"block_m": (64, 128), "block_n": (64, 128), "warps": (4, 8), "q_stages": (1, 2)},
     },
+    # block_n off multiples of 64 ran 0.70-0.75x (docs/performance.md), and overlap paid 15%:
+    # neither is worth a build per head dim.
+    "hopper": {
+        "fwd": {"block_m": (128, 192), "block_n": (64, 128), "kv_stages": (2, 3),
+                "pingpong": (True, False), "overlap": (True,)},
+    },
 }
 # The odd-sized problem each candidate must get right before it is timed.
 _CHECK_SHAPE = (2, 211, 333, 4, 2)  # batch, seqlen_q, seqlen_k, heads, heads_kv
@@ -216,12 +222,19 @@ def pick_winners(rows: list[dict]) -> dict[tuple[str, str, int], Tile]:
 
 
 def parse_tile(suffix: str, tile_class: type[Tile]) -> Tile:
-    """The inverse of Tile.suffix: "m128n64w4s2" -> tile_class(128, 64, 4, 2)."""
+    """The inverse of Tile.suffix: "m128n64w4s2" -> tile_class(128, 64, 4, 2); a flag's 0 or 1
+    becomes False or True."""
     pattern = "".join(rf"{re.escape(letter)}(\d+)" for letter in tile_class.SUFFIX)
     match = re.fullmatch(pattern, suffix)
     if not match:
         raise ValueError(f"not a {tile_class.__name__} suffix: {suffix!r}")
-    return tile_class(*map(int, match.groups()))
+    flags = tile_class.flags()
+    return tile_class(*(bool(int(value)) if key in flags else int(value)
+                        for key, value in zip(tile_class.keys(), match.groups())))
+
+
+def _toml(value) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 def set_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int,
@@ -231,7 +244,7 @@ def set_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int,
     missing table is appended."""
     table = FAMILIES[family].kind(kind).table
     header = f"[{family}.{arch}.head_dim.{head_dim}{f'.{table}' if table else ''}]"
-    body = "".join(f"{key} = {getattr(tile, key)}\n" for key in tile.keys())
+    body = "".join(f"{key} = {_toml(getattr(tile, key))}\n" for key in tile.keys())
     # The header and its key = value lines; blank lines and comments after them stay.
     pattern = re.compile(rf"^{re.escape(header)}\n(?:[a-z_]+\s*=.*(?:\n|$))*", re.MULTILINE)
     if pattern.search(config_text):
