@@ -63,6 +63,9 @@ class Family:
     gencode: Callable[..., str] = lambda arch: arch.gencode
     # nvcc flags of this family's kernels alone
     nvcc_flags: tuple[str, ...] = ()
+    # Its kernels read q, k and v through TMA descriptors, which take no zero strides: the
+    # forward copies expanded inputs first (flashgen/launch.py).
+    tma_inputs: bool = False
 
     def kind(self, name: str) -> Kind:
         for kind in self.kinds:

@@ -48,7 +48,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         q, k, v = launch.padded((q, k, v), padded_head_dim)
         o = q.new_empty((batch, seqlen_q, heads, padded_head_dim))
     else:  # out is freshly allocated, so aligned; the inputs may be any views
-        q, k, v = launch.aligned(q, k, v)
+        q, k, v = launch.aligned(q, k, v, tma=launcher.spec.family_record.tma_inputs)
         o = out
 
     run(launcher, q, k, v, o, lse, scale, mask_offset, fields)

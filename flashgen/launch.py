@@ -40,25 +40,28 @@ def empty_output(like: torch.Tensor, heads_first: bool):
     return torch.empty_like(like, memory_format=torch.contiguous_format)
 
 
-def is_aligned(t: torch.Tensor) -> bool:
+def is_aligned(t: torch.Tensor, tma: bool = False) -> bool:
     """16-byte loads need the base address and every stride of a (batch, seq, heads, dim) view
-    at a multiple of 8 (2-byte) elements."""
+    at a multiple of 8 (2-byte) elements. tma: the kernels read the tensor through a TMA
+    descriptor, whose strides must be nonzero too (an expanded view has zero strides)."""
     batch_stride, row_stride, head_stride, _ = t.stride()
     # Strides are never negative, so the or has a low bit set iff one of them has.
-    return t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0
+    return (t.data_ptr() % 16 == 0 and (batch_stride | row_stride | head_stride) % 8 == 0
+            and not (tma and 0 in (batch_stride, row_stride, head_stride)))
 
 
-def aligned(*tensors):
+def aligned(*tensors, tma: bool = False):
     """The tensors, each copied to a contiguous one if is_aligned refuses it (exact; a one-time
     notice says so, since the copy costs memory traffic)."""
-    if all(is_aligned(t) for t in tensors):
+    if all(is_aligned(t, tma) for t in tensors):
         return tensors
     global _warned_copy
     if not _warned_copy:
-        print("flashgen: an input's address or strides are not multiples of 16 bytes; copying "
-              "it (pass contiguous tensors to avoid the copy)", file=sys.stderr)
+        print("flashgen: an input's address or strides are not multiples of 16 bytes, or (for "
+              "kernels that load by TMA) a stride is 0; copying it (pass contiguous tensors to "
+              "avoid the copy)", file=sys.stderr)
         _warned_copy = True
-    return tuple(t if is_aligned(t) else t.clone(memory_format=torch.contiguous_format)
+    return tuple(t if is_aligned(t, tma) else t.clone(memory_format=torch.contiguous_format)
                  for t in tensors)
 
 

@@ -399,3 +399,16 @@ def test_compile_fullgraph_matches_eager_forward_and_backward(reference_kernels)
     assert torch.equal(compiled_loss, eager_loss)
     for compiled_grad, eager_grad in zip(compiled_grads, eager_grads):
         assert torch.equal(compiled_grad, eager_grad)
+
+
+def test_kernels_that_load_by_tma_get_expanded_inputs_copied():
+    """A TMA descriptor takes no zero strides: an expanded K (MQA written as expand) is copied
+    for the hopper family's forward, and passed as it is to kernels that load with cp.async."""
+    from flashgen import launch
+
+    k = torch.randn(2, 64, 1, 64, dtype=torch.bfloat16).expand(2, 64, 8, 64)
+    assert k.stride()[2] == 0
+    assert launch.is_aligned(k) and not launch.is_aligned(k, tma=True)
+    (copied,) = launch.aligned(k, tma=True)
+    assert 0 not in copied.stride() and torch.equal(copied, k)
+    assert launch.aligned(k)[0] is k

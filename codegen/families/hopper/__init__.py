@@ -46,4 +46,5 @@ FAMILY = Family(
     # ptxas warns (C7510) when it must serialise wgmma across a call or a branch it cannot
     # prove warpgroup-uniform, which costs 20-25%: a build failure, not a slow kernel.
     nvcc_flags=("-Xptxas=--warning-as-error",),
+    tma_inputs=True,
 )

@@ -1,9 +1,9 @@
-// The Hopper forward: thread blocks computing tiles of kBlockM query rows of one (batch, head),
-// warp specialised (fwd_launch.cuh gives each block one tile today). Warpgroup 0's first thread loads Q once and streams K and V tiles by TMA through
-// two rings of kStages buffers (one for K, one for V, so QK^T never waits on V); each consumer
-// warpgroup owns 64 query rows and runs S = Q K^T and O += P V on wgmma, with the online softmax
-// between them. Key blocks run last to first, so the blocks the mask cuts come first and the rest
-// run unmasked.
+// The Hopper forward, warp specialised. A thread block computes tiles of kBlockM query rows of
+// one (batch, head) (fwd_launch.cuh decides how many tiles each block walks). Warpgroup 0's first
+// thread loads a tile's Q once and streams its K and V tiles by TMA through two rings of kStages
+// buffers (one for K, one for V, so QK^T never waits on V); each consumer warpgroup owns 64 query
+// rows and runs S = Q K^T and O += P V on wgmma, with the online softmax between them. Key blocks
+// run last to first, so the blocks the mask cuts come first and the rest run unmasked.
 #pragma once
 
 #include <cute/tensor.hpp>
