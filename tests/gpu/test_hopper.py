@@ -1,7 +1,7 @@
 """The hopper family on the GPU: dispatch runs it on compute capability 9.0, every built kernel
-runs wgmma, and its persistent grid gets tiles without keys right between tiles with keys. The
-rest of the forward suite runs on it too (it is the default there); scripts/gpu_check.sh runs
-the forward files again with FLASHGEN_FAMILY=mma."""
+runs wgmma, and tiles without keys come out right among tiles with keys. The rest of the forward
+suite runs on it too (it is the default there); scripts/gpu_check.sh runs the forward files again
+with FLASHGEN_FAMILY=mma."""
 
 from __future__ import annotations
 
@@ -50,8 +50,8 @@ def test_every_built_hopper_kernel_runs_wgmma():
 @hopper_gpu
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_tiles_without_keys_between_tiles_with_keys(head_dim):
-    """Bottom-right causal with seqlen_q > seqlen_k: the first 500 rows see no key. More tiles
-    than SMs, so each persistent thread block runs empty and full tiles in turn."""
+    """Bottom-right causal with seqlen_q > seqlen_k: the first 500 rows see no key, so the grid
+    (more tiles than SMs) mixes tiles that skip every load with tiles that load."""
     q = torch.randn(4, 700, 16, head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(4, 200, 4, head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
