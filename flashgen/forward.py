@@ -33,8 +33,8 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
                                   "implemented yet")
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
-    launcher, padded_head_dim, fields = _plan(q.get_device(), dtype, head_dim, mask,
-                                              batch * heads, seqlen_q)
+    launcher, padded_head_dim, fields, tma_inputs = _plan(q.get_device(), dtype, head_dim, mask,
+                                                          batch * heads, seqlen_q)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -48,7 +48,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         q, k, v = launch.padded((q, k, v), padded_head_dim)
         o = q.new_empty((batch, seqlen_q, heads, padded_head_dim))
     else:  # out is freshly allocated, so aligned; the inputs may be any views
-        q, k, v = launch.aligned(q, k, v, tma=launcher.spec.family_record.tma_inputs)
+        q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
         o = out
 
     run(launcher, q, k, v, o, lse, scale, mask_offset, fields)
@@ -95,16 +95,17 @@ def clear_plans() -> None:
 
 @functools.lru_cache(maxsize=4096)
 def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-          seqlen_q: int) -> tuple[loader.Launcher, int | None, dict]:
-    """The launcher for a call of this shape, the head dim to zero-pad to (None: no padding) and
-    its family's FwdParams fields. Cached: the first call of a shape decides, later ones pay one
-    lookup."""
+          seqlen_q: int) -> tuple[loader.Launcher, int | None, dict, bool]:
+    """The launcher for a call of this shape, the head dim to zero-pad to (None: no padding), its
+    family's FwdParams fields and whether its kernels load the inputs by TMA (launch.aligned).
+    Cached: the first call of a shape decides, later ones pay one lookup."""
     choices = _candidates(device_index, dtype, head_dim, mask)
     family = choices[0].spec.family
     specs = tuple(c.spec for c in choices if c.spec.family == family)
     spec, fields = families.runtime(family).forward_plan(specs, batch_heads, seqlen_q,
                                                          device_index)
-    return loader.launcher(spec), choices[0].padded_head_dim, fields
+    return (loader.launcher(spec), choices[0].padded_head_dim, fields,
+            spec.family_record.tma_inputs)
 
 
 @functools.cache
