@@ -30,8 +30,8 @@ GRIDS = {
                 "kv_stages": (2, 3)},
         "bwd": {"block_m": (64, 128), "block_n": (64, 128), "warps": (4, 8), "q_stages": (1, 2)},
     },
-    # block_n off multiples of 64 ran 0.70-0.75x (docs/performance.md), and overlap paid 15%:
-    # neither is worth a build per head dim.
+    # block_n off multiples of 64 ran 0.59-0.74x (docs/performance.md), and overlap paid about
+    # 20%: neither is worth a build per head dim.
     "hopper": {
         "fwd": {"block_m": (128, 192), "block_n": (64, 128), "kv_stages": (2, 3),
                 "pingpong": (True, False), "overlap": (True,)},
