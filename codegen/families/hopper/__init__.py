@@ -45,6 +45,8 @@ FAMILY = Family(
     gencode=lambda arch: "-gencode=arch=compute_90a,code=sm_90a",
     # ptxas warns (C7510) when it must serialise wgmma across a call or a branch it cannot
     # prove warpgroup-uniform, which costs 20-25%: a build failure, not a slow kernel.
-    nvcc_flags=("-Xptxas=--warning-as-error",),
+    # CuTe offers wgmma's n in steps of 8 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; without
+    # it a 176-key tile runs as eleven n = 16 instructions, each rereading Q from shared memory.
+    nvcc_flags=("-Xptxas=--warning-as-error", "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"),
     tma_inputs=True,
 )
