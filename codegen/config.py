@@ -19,6 +19,8 @@ Layout of the file (see configs/default.toml):
     block_n = 128
     warps = 8
     q_stages = 2
+    [mma.sm_90.head_dim.128.causal]     # optional, per mask kind: keys of the main tile that
+    block_n = 128                       # differ for that mask's kernels (same count of kernels)
 
 Each family (codegen/families/) says which kinds of kernel a head-dim table holds, under which
 subtable, with which keys and resource checks; this module only walks the tables.
@@ -45,6 +47,7 @@ class ConfigError(ValueError):
 
 
 TileKey = tuple[str, str, str, int]  # (family, kind, arch, head_dim)
+MaskTileKey = tuple[str, str, str, int, str]  # (family, kind, arch, head_dim, mask)
 
 
 @dataclass(frozen=True)
@@ -54,10 +57,19 @@ class Config:
     masks: tuple[str, ...]
     # (family, kind, arch, head_dim) -> its tiles, the main one first, then its alt tiles; sorted
     tiles: tuple[tuple[TileKey, tuple[Tile, ...]], ...]
+    # (family, kind, arch, head_dim, mask) -> the main tile of that mask's kernels where a
+    # [....<mask>] subtable changes it; sorted
+    mask_tiles: tuple[tuple[MaskTileKey, Tile], ...] = ()
 
-    def tiles_of(self, family: str, kind: str, arch: str, head_dim: int) -> tuple[Tile, ...]:
-        """The main tile first, then the alt tiles; empty when not configured."""
-        return dict(self.tiles).get((family, kind, arch, head_dim), ())
+    def tiles_of(self, family: str, kind: str, arch: str, head_dim: int,
+                 mask: str | None = None) -> tuple[Tile, ...]:
+        """The main tile first (the mask's own where it has one), then the alt tiles; empty when
+        not configured."""
+        tiles = dict(self.tiles).get((family, kind, arch, head_dim), ())
+        own = dict(self.mask_tiles).get((family, kind, arch, head_dim, mask))
+        if not tiles or own is None:
+            return tiles
+        return (own, *(t for t in tiles[1:] if t != own))
 
     def head_dims(self, family: str, kind: str, arch: str) -> list[int]:
         return sorted(hd for (f, k, a, hd), _ in self.tiles if (f, k, a) == (family, kind, arch))
@@ -101,19 +113,23 @@ def parse_config(raw: dict, path: Path) -> Config:
         raise fail("masks", f"{masks!r}: must be a non-empty list drawn from {list(MASKS)}")
 
     tiles: dict[TileKey, tuple[Tile, ...]] = {}
+    mask_tiles: dict[MaskTileKey, Tile] = {}
     for name, family in families.FAMILIES.items():
         if name in raw:
-            tiles.update(_parse_family(raw[name], family, fail))
+            family_tiles, family_mask_tiles = _parse_family(raw[name], family, fail)
+            tiles.update(family_tiles)
+            mask_tiles.update(family_mask_tiles)
     if not tiles:
         raise fail("top level", "at least one [<family>.sm_XX.head_dim.N] table is required, e.g. "
                    f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
-                  tiles=tuple(sorted(tiles.items())))
+                  tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
 
 
-def _parse_family(table, family: Family, fail) -> dict[TileKey, tuple[Tile, ...]]:
+def _parse_family(table, family: Family,
+                  fail) -> tuple[dict[TileKey, tuple[Tile, ...]], dict[MaskTileKey, Tile]]:
     _reject_unknown(table, set(family.archs), family.name, fail)
-    tiles = {}
+    tiles, mask_tiles = {}, {}
     for arch, arch_table in table.items():
         where = f"{family.name}.{arch}"
         _reject_unknown(arch_table, {"head_dim"}, where, fail)
@@ -121,26 +137,41 @@ def _parse_family(table, family: Family, fail) -> dict[TileKey, tuple[Tile, ...]
             hd_where = f"{where}.head_dim.{hd_key}"
             head_dim = _parse_head_dim(hd_key, hd_where, fail)
             for kind in family.kinds:
-                kind_tiles = _parse_kind(hd_table, kind, family, head_dim, ARCHS[arch], hd_where,
-                                         fail)
+                kind_tiles, own = _parse_kind(hd_table, kind, family, head_dim, ARCHS[arch],
+                                              hd_where, fail)
                 if kind_tiles:
                     tiles[(family.name, kind.name, arch, head_dim)] = kind_tiles
-    return tiles
+                for mask, tile in own.items():
+                    mask_tiles[(family.name, kind.name, arch, head_dim, mask)] = tile
+    return tiles, mask_tiles
 
 
 def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where: str,
-                fail) -> tuple[Tile, ...]:
-    """The kind's main tile and alt tiles in one head dim's table; () when absent and optional."""
+                fail) -> tuple[tuple[Tile, ...], dict[str, Tile]]:
+    """The kind's main tile and alt tiles in one head dim's table (() when absent and optional),
+    and the main tile of each mask kind whose subtable changes it."""
     if kind.table is None:
         table, subtables = hd_table, family.subtables
     else:
         table, subtables, where = hd_table.get(kind.table), (), f"{where}.{kind.table}"
         if table is None and not kind.required:
-            return ()
+            return (), {}
     if table is None:
         raise fail(where, f"missing: every head dim needs its {kind.name} tile")
     subtables += (ALT_TILES,) if kind.alt_tiles else ()
+    subtables += tuple(MASKS)
     main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables)
+    own = {}
+    for mask in MASKS:
+        if mask not in table:
+            continue
+        mask_where = f"{where}.{mask}"
+        _reject_unknown(table[mask], set(kind.tile.keys()), mask_where, fail)
+        merged = {key: table[mask].get(key, table[key]) for key in kind.tile.keys()}
+        tile = _parse_tile(merged, kind, head_dim, arch, mask_where, fail)
+        if tile == main:
+            raise fail(mask_where, f"repeats the main tile {main.suffix}: delete the table")
+        own[mask] = tile
     alts = []
     alt_tables = table.get(ALT_TILES, []) if kind.alt_tiles else []
     if not isinstance(alt_tables, list):
@@ -152,7 +183,7 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
             raise fail(f"{where}.{ALT_TILES}[{i}]", f"{tile.suffix} repeats "
                        f"{'the main tile' if tile == main else 'an earlier alt tile'}")
         alts.append(tile)
-    return (main, *alts)
+    return (main, *alts), own
 
 
 def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:

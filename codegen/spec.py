@@ -42,10 +42,10 @@ def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, mas
     mask)."""
     specs = [
         KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
-        for (family, kind, arch, head_dim), tiles in config.tiles
-        for tile in (tiles if alt_tiles else tiles[:1])
-        for dtype in config.dtypes
+        for (family, kind, arch, head_dim), _ in config.tiles
         for mask in config.masks
+        for tile in config.tiles_of(family, kind, arch, head_dim, mask)[:None if alt_tiles else 1]
+        for dtype in config.dtypes
     ]
     return sorted(
         s for s in specs

@@ -224,10 +224,17 @@ def _tune(args) -> int:
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1) + "\n")
     winners = tune.pick_winners(rows)
+    mask_winners = tune.pick_mask_winners(rows)
     text = config.path.read_text()
     for (family, kind, head_dim), tile in sorted(winners.items()):
         print(f"flashgen tune: {family} {arch} {kind} head dim {head_dim}: {tile.suffix}")
         text = tune.set_tile(text, family, kind, arch, head_dim, tile)
+        for mask in config.masks:
+            own = mask_winners.get((family, kind, head_dim, mask))
+            if own is not None and own != tile:
+                print(f"flashgen tune: {family} {arch} {kind} head dim {head_dim} {mask}: "
+                      f"{own.suffix}")
+            text = tune.set_mask_tile(text, family, kind, arch, head_dim, mask, tile, own)
     if args.write and winners:
         candidate = config.path.with_suffix(".tuned.tmp")
         candidate.write_text(text)

@@ -16,8 +16,9 @@ from flashgen import dispatch
 def _load(path: Path) -> tuple[Config, tuple[KernelSpec, ...]]:
     config = load_config(path)
     specs = tuple(KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
-                  for (family, kind, arch, head_dim), tiles in config.tiles
-                  for dtype in config.dtypes for mask in config.masks for tile in tiles)
+                  for (family, kind, arch, head_dim), _ in config.tiles
+                  for dtype in config.dtypes for mask in config.masks
+                  for tile in config.tiles_of(family, kind, arch, head_dim, mask))
     return config, specs
 
 

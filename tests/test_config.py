@@ -61,6 +61,29 @@ def test_a_head_dim_without_alt_tiles_has_its_main_tile_only(tmp_path):
     assert config.tiles_of("mma", "fwd", "sm_90", 64) == (FwdTile(128, 64, 4, 2),)
 
 
+def test_a_mask_table_changes_that_masks_main_tile_only(tmp_path):
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{ALT}{SMALL_TILE}"
+                                         "[mma.sm_90.head_dim.64.causal]\nblock_m = 64\n"))
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "none") == (
+        FwdTile(128, 64, 4, 2), FwdTile(64, 64, 4, 2))
+    # The causal main tile equals the alt tile, which is not listed twice.
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "causal") == (FwdTile(64, 64, 4, 2),)
+    assert config.tiles_of("mma", "fwd", "sm_90", 64) == (FwdTile(128, 64, 4, 2),
+                                                          FwdTile(64, 64, 4, 2))
+    specs = enumerate_specs(config, alt_tiles=False)
+    assert {(s.mask, s.tile) for s in specs} == {("none", FwdTile(128, 64, 4, 2)),
+                                                 ("causal", FwdTile(64, 64, 4, 2))}
+
+
+def test_a_mask_table_under_backward_changes_the_backward_tile(tmp_path):
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{BACKWARD}"
+                                         "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"
+                                         "[mma.sm_90.head_dim.64.backward.none]\nq_stages = 1\n"))
+    assert config.tiles_of("mma", "bwd", "sm_90", 64, "none") == (BwdTile(64, 128, 8, 1),)
+    assert config.tiles_of("mma", "bwd", "sm_90", 64, "causal") == (BwdTile(64, 128, 8, 2),)
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "none") == (FwdTile(128, 64, 4, 2),)
+
+
 def test_masks_select_the_mask_kinds(tmp_path):
     config = load_config(write(tmp_path, f'masks = ["causal"]\n[mma.sm_90.head_dim.64]\n{TILE}'))
     assert config.masks == ("causal",)
@@ -131,6 +154,14 @@ def test_masks_select_the_mask_kinds(tmp_path):
      r"alt_tiles\[0\]: m128n64w4s2 repeats the main tile"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}{ALT}{SMALL_TILE}{ALT}{SMALL_TILE}",
      r"alt_tiles\[1\]: m64n64w4s2 repeats an earlier alt tile"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.causal]\nq_stages = 1\n",
+     r"head_dim.64.causal: unknown key\(s\) \['q_stages'\]"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.causal]\nblock_n = 40\n",
+     r"head_dim.64.causal: block_n = 40 must be a multiple of 16"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.causal]\nblock_n = 64\n",
+     r"head_dim.64.causal: repeats the main tile m128n64w4s2: delete the table"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.window]\nblock_n = 32\n",
+     r"head_dim.64: unknown key\(s\) \['window'\]"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.alt_tiles]\n{SMALL_TILE}",
      r"head_dim.64.alt_tiles: must be an array of tables: write each one as "
      r"\[\[mma.sm_90.head_dim.64.alt_tiles\]\]"),

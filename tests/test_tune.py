@@ -92,6 +92,38 @@ def test_winners_are_picked_per_kind():
     assert type(winners[("mma", "bwd", 128)]) is BwdTile
 
 
+def test_a_mask_keeps_its_own_winner_when_it_differs():
+    rows = [row(128, "m128n64w4s2", dtype, "none", 300) for dtype in ("bf16", "fp16")]
+    rows += [row(128, "m128n64w4s2", dtype, "causal", 200) for dtype in ("bf16", "fp16")]
+    rows += [row(128, "m64n64w4s2", dtype, "none", 250) for dtype in ("bf16", "fp16")]
+    rows += [row(128, "m64n64w4s2", dtype, "causal", 220) for dtype in ("bf16", "fp16")]
+    assert tune.pick_winners(rows) == {("mma", "fwd", 128): FwdTile(128, 64, 4, 2)}
+    assert tune.pick_mask_winners(rows) == {("mma", "fwd", 128, "none"): FwdTile(128, 64, 4, 2),
+                                            ("mma", "fwd", 128, "causal"): FwdTile(64, 64, 4, 2)}
+
+
+def test_set_mask_tile_writes_the_keys_that_differ_and_removes_a_redundant_table(tmp_path):
+    from codegen.families.hopper import FwdTile as HopperTile
+
+    text = paths.DEFAULT_CONFIG.read_text()
+    main = HopperTile(128, 176, 2, True, True)
+    assert load_config(paths.DEFAULT_CONFIG).tiles_of("hopper", "fwd", "sm_90", 128)[0] == main
+    causal = HopperTile(128, 128, 3, True, True)
+    new = tune.set_mask_tile(text, "hopper", "fwd", "sm_90", 128, "causal", main, causal)
+    assert "[hopper.sm_90.head_dim.128.causal]\nblock_n = 128\nkv_stages = 3\n" in new
+    path = tmp_path / "tuned.toml"
+    path.write_text(new)
+    tuned = load_config(path)
+    assert tuned.tiles_of("hopper", "fwd", "sm_90", 128, "causal") == (causal,)
+    assert tuned.tiles_of("hopper", "fwd", "sm_90", 128, "none") == (main,)
+    for same in (None, main):
+        gone = tune.set_mask_tile(new, "hopper", "fwd", "sm_90", 128, "causal", main, same)
+        assert "head_dim.128.causal]" not in gone
+        assert gone.count("# ") == text.count("# ")
+        path.write_text(gone)
+        assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 128, "causal") == (main,)
+
+
 @pytest.mark.parametrize("tile", [FwdTile(128, 64, 8, 3), BwdTile(64, 128, 8, 2)])
 def test_parse_tile_inverts_suffix(tile):
     assert tune.parse_tile(tile.suffix, type(tile)) == tile
@@ -189,9 +221,9 @@ def test_hopper_tiles_round_trip_through_suffix_and_config(tmp_path):
     tile = HopperTile(192, 64, 3, False, True)
     assert tune.parse_tile(tile.suffix, HopperTile) == tile
     assert tune.parse_tile(tile.suffix, HopperTile).pingpong is False
-    text = tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "hopper", "fwd", "sm_90", 128, tile)
-    assert "[hopper.sm_90.head_dim.128]\nblock_m = 192\nblock_n = 64\nkv_stages = 3\n" \
+    text = tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "hopper", "fwd", "sm_90", 96, tile)
+    assert "[hopper.sm_90.head_dim.96]\nblock_m = 192\nblock_n = 64\nkv_stages = 3\n" \
            "pingpong = false\noverlap = true\n" in text
     path = tmp_path / "tuned.toml"
     path.write_text(text)
-    assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 128)[0] == tile
+    assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 96)[0] == tile

@@ -5,8 +5,9 @@ the winners into the config.
 Candidates come from a small grid per family and kind, filtered by the same resource checks the
 config uses; a tile that fails to compile, spills registers (ptxas), gives a wrong result or does
 not fit is reported and skipped, never chosen. The winner per (family, kind, head dim) has the
-best geometric-mean TFLOP/s over every dtype and mask measured, since the config holds one tile
-per (family, arch, head dim, kind). Only the main tiles are tuned: a head dim's [[...alt_tiles]]
+best geometric-mean TFLOP/s over every dtype and mask measured and becomes the main tile; a mask
+whose own best (over its dtypes) differs gets a [....<mask>] table with the keys that differ, and
+loses one it had when they agree. Only the main tiles are tuned: a head dim's [[...alt_tiles]]
 stay as written, and a winner equal to one of them makes the config refuse to load (so --write
 stops, naming it).
 """
@@ -30,11 +31,11 @@ GRIDS = {
                 "kv_stages": (2, 3)},
         "bwd": {"block_m": (64, 128), "block_n": (64, 128), "warps": (4, 8), "q_stages": (1, 2)},
     },
-    # block_n off multiples of 64 ran 0.59-0.74x (docs/performance.md), and overlap paid about
-    # 20%: neither is worth a build per head dim.
+    # block_n sets the speed (docs/performance.md); a third stage, pingpong off and overlap off
+    # measured level or slower, so they cost no builds here.
     "hopper": {
-        "fwd": {"block_m": (128, 192), "block_n": (64, 128), "kv_stages": (2, 3),
-                "pingpong": (True, False), "overlap": (True,)},
+        "fwd": {"block_m": (128, 192), "block_n": (64, 80, 112, 128, 144, 176), "kv_stages": (2,),
+                "pingpong": (True,), "overlap": (True,)},
     },
 }
 # The odd-sized problem each candidate must get right before it is timed.
@@ -204,9 +205,18 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
 def pick_winners(rows: list[dict]) -> dict[tuple[str, str, int], Tile]:
     """Per (family, kind, head dim), the tile with the best geometric-mean TFLOP/s among those
     that ran every (dtype, mask) cell measured for it."""
+    return _best_tiles(rows, ("family", "kind", "head_dim"))
+
+
+def pick_mask_winners(rows: list[dict]) -> dict[tuple[str, str, int, str], Tile]:
+    """Per (family, kind, head dim, mask), the best tile over that mask's dtypes alone."""
+    return _best_tiles(rows, ("family", "kind", "head_dim", "mask"))
+
+
+def _best_tiles(rows: list[dict], by: tuple[str, ...]) -> dict[tuple, Tile]:
     winners = {}
-    for key in sorted({(r["family"], r["kind"], r["head_dim"]) for r in rows}):
-        mine = [r for r in rows if (r["family"], r["kind"], r["head_dim"]) == key]
+    for key in sorted({tuple(r[f] for f in by) for r in rows}):
+        mine = [r for r in rows if tuple(r[f] for f in by) == key]
         cells = {(r["dtype"], r["mask"]) for r in mine}
         scores = {}
         for tile in sorted({r["tile"] for r in mine}):
@@ -215,7 +225,7 @@ def pick_winners(rows: list[dict]) -> dict[tuple[str, str, int], Tile]:
             if set(timed) == cells:
                 scores[tile] = math.exp(sum(math.log(t) for t in timed.values()) / len(timed))
         if scores:
-            family, kind, _ = key
+            family, kind = key[:2]
             winners[key] = parse_tile(max(scores, key=scores.get),
                                       FAMILIES[family].kind(kind).tile)
     return winners
@@ -237,16 +247,36 @@ def _toml(value) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def set_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int,
-             tile: Tile) -> str:
-    """The config text with the kind's table of [<family>.<arch>.head_dim.<head_dim>] (the table
-    itself, or its subtable such as .backward) set to tile; comments elsewhere are kept, a
-    missing table is appended."""
+def _kind_table(family: str, kind: str, arch: str, head_dim: int) -> str:
+    """The kind's table of [<family>.<arch>.head_dim.<head_dim>]: the table itself, or its
+    subtable such as .backward."""
     table = FAMILIES[family].kind(kind).table
-    header = f"[{family}.{arch}.head_dim.{head_dim}{f'.{table}' if table else ''}]"
-    body = "".join(f"{key} = {_toml(getattr(tile, key))}\n" for key in tile.keys())
+    return f"{family}.{arch}.head_dim.{head_dim}{f'.{table}' if table else ''}"
+
+
+def _set_table(config_text: str, header: str, body: str | None) -> str:
+    """The config text with the table under header holding body's key = value lines (a missing
+    table is appended), or without the table when body is None; comments elsewhere are kept."""
     # The header and its key = value lines; blank lines and comments after them stay.
     pattern = re.compile(rf"^{re.escape(header)}\n(?:[a-z_]+\s*=.*(?:\n|$))*", re.MULTILINE)
+    if body is None:
+        return re.sub(rf"\n*{pattern.pattern}", "\n", config_text, count=1, flags=re.MULTILINE)
     if pattern.search(config_text):
         return pattern.sub(lambda _: f"{header}\n{body}", config_text, count=1)
     return config_text.rstrip() + f"\n\n{header}\n{body}"
+
+
+def set_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int,
+             tile: Tile) -> str:
+    """The config text with the kind's table of the head dim set to tile."""
+    body = "".join(f"{key} = {_toml(getattr(tile, key))}\n" for key in tile.keys())
+    return _set_table(config_text, f"[{_kind_table(family, kind, arch, head_dim)}]", body)
+
+
+def set_mask_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int, mask: str,
+                  main: Tile, tile: Tile | None) -> str:
+    """The config text with the mask's table under the kind's (the keys where tile differs from
+    the main tile), or without it when tile is None or the main tile."""
+    body = "".join(f"{key} = {_toml(getattr(tile, key))}\n" for key in main.keys()
+                   if getattr(tile, key) != getattr(main, key)) if tile not in (None, main) else None
+    return _set_table(config_text, f"[{_kind_table(family, kind, arch, head_dim)}.{mask}]", body)
