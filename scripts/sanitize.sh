@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over flashgen's forward and
 # backward kernels at odd sizes (the forward on the family dispatch picks: hopper on an H100).
-# Run after scripts/gpu_check.sh has built the kernels (same environment variables).
+# Run after scripts/gpu_check.sh has built the kernels (same environment variables); arguments go
+# to scripts/sanitize_driver.py (--forward-only).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-logs}
 mkdir -p "$OUT"
@@ -11,7 +12,7 @@ for tool in memcheck racecheck synccheck initcheck; do
   filter=(--kernel-name kns=flashgen)  # every kernel of namespace flashgen, none of torch's
   [ "$tool" = initcheck ] && filter=()
   timeout 150 compute-sanitizer --tool "$tool" "${filter[@]}" --error-exitcode 3 \
-    python3 scripts/sanitize_driver.py > "$OUT/sanitize-$tool.log" 2>&1
+    python3 scripts/sanitize_driver.py "$@" > "$OUT/sanitize-$tool.log" 2>&1
   rc=$?
   echo "$tool (exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|checked calls' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
   [ $rc = 0 ] || { status=1; grep -m 20 -E '=====' "$OUT/sanitize-$tool.log"; }
