@@ -106,11 +106,11 @@ def test_set_mask_tile_writes_the_keys_that_differ_and_removes_a_redundant_table
     from codegen.families.hopper import FwdTile as HopperTile
 
     text = paths.DEFAULT_CONFIG.read_text()
-    main = HopperTile(128, 176, 2, True, True)
+    main = HopperTile(128, 128, 2, True, True)
     assert load_config(paths.DEFAULT_CONFIG).tiles_of("hopper", "fwd", "sm_90", 128)[0] == main
-    causal = HopperTile(128, 128, 3, True, True)
+    causal = HopperTile(128, 64, 3, True, True)
     new = tune.set_mask_tile(text, "hopper", "fwd", "sm_90", 128, "causal", main, causal)
-    assert "[hopper.sm_90.head_dim.128.causal]\nblock_n = 128\nkv_stages = 3\n" in new
+    assert "[hopper.sm_90.head_dim.128.causal]\nblock_n = 64\nkv_stages = 3\n" in new
     path = tmp_path / "tuned.toml"
     path.write_text(new)
     tuned = load_config(path)

@@ -120,7 +120,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Pipeline pipeline_v(smem.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
   if (producer_thread) {
     TxBarrier::init(&smem.q_full, 1);
-    Barrier::init(&smem.q_free, kConsumers);
+    // With an own output buffer every consumer thread frees Q after its last QK^T; without,
+    // each consumer's storing thread once its store has read the rows.
+    Barrier::init(&smem.q_free, Traits::kOwnOutputBuffer ? Traits::kConsumerThreads : kConsumers);
     prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
     prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
     prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
@@ -133,6 +135,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
   Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+  auto output_buffer = [&] {
+    if constexpr (Traits::kOwnOutputBuffer) return smem.o.data(); else return smem.q.data();
+  };
+  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), typename Traits::SmemLayoutQ{});
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
@@ -169,7 +175,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
              tKsK(_, k_state.index()));
         ++k_state;
       }
-      // Q's buffer holds the previous tile's output until its stores have read it.
+      // Q's buffer is free once the consumers are done with the previous tile's Q (and, without
+      // an own output buffer, its output).
       if (tile_count > 0) Barrier::wait(&smem.q_free, (tile_count - 1) & 1);
       if (n_block < 0) continue;
       TxBarrier::arrive_and_expect_tx(&smem.q_full, kConsumers * Traits::kSlabBytes);
@@ -244,6 +251,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     OnlineSoftmax softmax(p.scale_log2);
     float rescale[2];
     clear(tOrO);
+    // After this thread's last QK^T of the tile (or at once, for a tile without keys).
+    auto release_q = [&] {
+      if constexpr (Traits::kOwnOutputBuffer) Barrier::arrive(&smem.q_free);
+    };
 
     if (w.n_blocks > 0) {
       if constexpr (Traits::kPingpong) {
@@ -261,6 +272,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++k_state;
       masked(n_block);
       softmax.update<true>(tSrS, rescale);
+      if (!Traits::kOverlap && n_block == 0) release_q();
 
       if constexpr (Traits::kOverlap) {
         // Block n's QK^T and block n + 1's PV go out together; the softmax of block n runs
@@ -284,6 +296,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           scale_rows(tOrO, rescale);
           convert_into(tSrP, tSrS);
         }
+        release_q();
         wait_turn();
         pipeline_v.consumer_wait(v_state);
         warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
@@ -306,6 +319,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
           pass_turn(n_block == 0);
           warpgroup_wait<0>();
+          if (n_block == 0) release_q();
           pipeline_k.consumer_release(k_state);
           ++k_state;
           masked(n_block);
@@ -314,6 +328,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
+
+    if (w.n_blocks == 0) release_q();
 
     float lse[2];
     softmax.finish(tOrO, lse);
@@ -329,27 +345,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
 
-    // O: registers -> this consumer's Q rows in shared memory (its last QK^T has read them) ->
-    // global by TMA, which drops the rows past seqlen_q. Once the store has read them, the rows
-    // are free for the next tile's Q.
+    // O: registers -> this consumer's rows of the output buffer (its own, or Q's once its last
+    // QK^T has read them) -> global by TMA, which drops the rows past seqlen_q.
     convert_into(tOrO_out, tOrO);
-    // Without keys no Q was loaded, so nothing ordered this tile after the previous tile's store
-    // of the same rows: wait for the thread that issued it.
-    if (w.n_blocks == 0) named_sync(kEpilogueBarrier + consumer, 128);
-    copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sQ(_, _, consumer)));
+    // The previous tile's store of the same rows must have read them. In Q's buffer the next
+    // Q load waited for that, except after a tile without keys, which loaded no Q.
+    if (Traits::kOwnOutputBuffer || w.n_blocks == 0) {
+      if (Traits::kOwnOutputBuffer && thread == 0) tma_store_wait<0>();
+      named_sync(kEpilogueBarrier + consumer, 128);
+    }
+    copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sO(_, _, consumer)));
     cutlass::arch::fence_view_async_shared();
     named_sync(kEpilogueBarrier + consumer, 128);
     if (thread == 0) {
       Tensor gO = local_tile(mO(_, _, w.tile.head, w.tile.batch), Shape<_64, HD>{},
                              make_coord(_, _0{}));
-      auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+      auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                         group_modes<0, 2>(gO));
       copy(tmas.o, tOsO(_, consumer), tOgO(_, w.tile.m_block * kConsumers + consumer));
       tma_store_arrive();
-      tma_store_wait<0>();
-      Barrier::arrive(&smem.q_free);
+      if constexpr (!Traits::kOwnOutputBuffer) {
+        tma_store_wait<0>();
+        Barrier::arrive(&smem.q_free);
+      }
     }
   }
+  // Shared memory must outlive the reads of the last store.
+  if (thread == 0) tma_store_wait<0>();
 }
 
 }  // namespace flashgen::hopper

@@ -2,6 +2,7 @@
 // per call from the params' pointers and strides), grid, shared memory, launch.
 #pragma once
 
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include <cute/tensor.hpp>
@@ -57,11 +58,21 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  // One thread block per tile: the kernel can walk several (a persistent grid of one block per
-  // SM), but with tiles dealt out statically the blocks drift apart, their K and V stop sharing
-  // L2 and causal rows unbalance them (H100: causal 16k head dim 128 fell from 640-690 to 440
-  // TFLOP/s). Persistence waits for a scheduler that hands out tiles in order.
-  kernel<<<unsigned(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
+  // Without a mask every tile costs the same, so one block per SM walks tiles b, b + SMs, ...
+  // in step; with an own output buffer it loads each next tile's Q while the last one finishes.
+  // Otherwise one block per tile: statically dealt causal tiles unbalance the blocks, and with O
+  // in Q's buffer a walking block gains nothing over a fresh one.
+  int64_t grid = blocks;
+  if constexpr (!Mask::kHidesKeys && Traits::kOwnOutputBuffer) {
+    int device = 0, sms = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+        err != cudaSuccess) {
+      return err;
+    }
+    grid = std::min<int64_t>(blocks, sms);
+  }
+  kernel<<<unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
   return cudaGetLastError();
 }
 

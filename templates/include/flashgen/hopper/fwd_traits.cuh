@@ -3,6 +3,8 @@
 // codegen/families/hopper/resources.py mirrors the budgets asserted here.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
@@ -86,16 +88,24 @@ struct FwdTraits {
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
-  struct SharedStorage {
-    // Q, then each consumer's O on its own rows once its last QK^T has run.
+  struct SharedStorageQ {
+    // Q, and each consumer's O on its own rows once its last QK^T has run (without an own
+    // output buffer).
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     alignas(8) uint64_t q_full;  // Q has landed
-    alignas(8) uint64_t q_free;  // every consumer's output store has read its Q rows
+    alignas(8) uint64_t q_free;  // Q's buffer may take the next tile's Q
   };
+  struct SharedStorageQO : SharedStorageQ {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> o;
+  };
+  // O staged in a buffer of its own where shared memory allows: then Q's buffer frees at each
+  // consumer's last QK^T, and the next tile's Q loads while this tile's last PV and output run.
+  static constexpr bool kOwnOutputBuffer = sizeof(SharedStorageQO) <= 232448;
+  using SharedStorage = std::conditional_t<kOwnOutputBuffer, SharedStorageQO, SharedStorageQ>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "tile needs more than the 227 KB of shared memory");
 
