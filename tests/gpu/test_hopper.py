@@ -1,5 +1,6 @@
 """The hopper family on the GPU: dispatch runs it on compute capability 9.0, every built kernel
-runs wgmma, and tiles without keys come out right among tiles with keys. The rest of the forward
+runs wgmma, tiles without keys come out right among tiles with keys, and blocks that walk many
+tiles (unmasked calls on a persistent grid) get every tile right. The rest of the forward
 suite runs on it too (it is the default there); scripts/gpu_check.sh runs the forward files again
 with FLASHGEN_FAMILY=mma."""
 
@@ -62,3 +63,20 @@ def test_tiles_without_keys_between_tiles_with_keys(head_dim):
     assert torch.equal(out[:, :500], torch.zeros_like(out[:, :500]))
     assert torch.isneginf(lse[:, :, :500]).all()
     torch.testing.assert_close(lse[:, :, 500:], lse_ref[:, :, 500:], atol=1e-3, rtol=1e-4)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_unmasked_blocks_walking_many_tiles(head_dim, dtype):
+    """Several times more tiles than SMs without a mask: where the tile has an output buffer of
+    its own, each block walks many tiles, loading the next Q under the last output; odd lengths
+    and GQA make every walk cross sequences, heads and a ragged last query block."""
+    q = torch.randn(5, 1001, 16, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(5, 777, 4, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False)
+    assert_close_fa2(out, out_ref, out_pt, "out")
+    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
