@@ -9,6 +9,7 @@ from codegen.arch import ARCHS
 from codegen.config import load_config
 from codegen.families import mma
 from codegen.families.mma import resources
+from codegen.families.hopper import resources as hopper_resources
 from codegen.spec import enumerate_specs
 
 
@@ -131,3 +132,16 @@ def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
     text = render.render_spec(spec)
     assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
     assert "flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask>" in text
+
+
+def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs):
+    """CuTe's wider set of wgmma n costs compile time, so only tiles with an n outside its base
+    shapes (block_n 80 at head dim 256, 112 at 192) pull it in."""
+    define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+    hopper = {s.head_dim: render.render_spec(s) for s in specs if s.family == "hopper"}
+    assert sorted(hd for hd, text in hopper.items() if define in text) == [192, 256]
+    text = hopper[256]
+    assert text.index(define) < text.index('#include "flashgen/hopper/fwd_launch.cuh"')
+    assert hopper_resources.needs_extended_wgmma_shapes(128, 176)
+    assert hopper_resources.needs_extended_wgmma_shapes(80, 128)
+    assert not hopper_resources.needs_extended_wgmma_shapes(96, 64)

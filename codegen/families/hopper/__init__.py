@@ -35,6 +35,14 @@ def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:
                                    arch.smem_limit)
 
 
+def template_context(spec) -> dict:
+    """CuTe offers wgmma's n in steps of 8 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED;
+    without it a 176-key tile would run as eleven n = 16 instructions, each rereading Q from
+    shared memory (fwd_traits.cuh asserts one instruction per GEMM)."""
+    return {"extended_wgmma_shapes": resources.needs_extended_wgmma_shapes(spec.head_dim,
+                                                                           spec.tile.block_n)}
+
+
 FAMILY = Family(
     name="hopper",
     archs=("sm_90",),
@@ -47,8 +55,7 @@ FAMILY = Family(
     gencode=lambda arch: "-gencode=arch=compute_90a,code=sm_90a",
     # ptxas warns (C7510) when it must serialise wgmma across a call or a branch it cannot
     # prove warpgroup-uniform, which costs 20-25%: a build failure, not a slow kernel.
-    # CuTe offers wgmma's n in steps of 8 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED; without
-    # it a 176-key tile runs as eleven n = 16 instructions, each rereading Q from shared memory.
-    nvcc_flags=("-Xptxas=--warning-as-error", "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"),
+    nvcc_flags=("-Xptxas=--warning-as-error",),
+    template_context=template_context,
     tma_inputs=True,
 )

@@ -11,6 +11,17 @@ CONSUMER_REGISTERS = {1: 256, 2: 240, 3: 160}
 REGISTER_OVERHEAD = 24
 
 
+# The wgmma n that CuTe's op selectors give without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (then
+# any multiple of 8 up to 256); that macro pulls in headers that add about 30% to a kernel's
+# compile time, so only tiles that need it define it.
+BASE_WGMMA_N = (8, 16, 32, 64, 96, 128, 192, 256)
+
+
+def needs_extended_wgmma_shapes(head_dim: int, block_n: int) -> bool:
+    """Whether QK^T (n = block_n) or PV (n = head_dim) needs a wgmma n outside BASE_WGMMA_N."""
+    return block_n not in BASE_WGMMA_N or head_dim not in BASE_WGMMA_N
+
+
 def _align(n: int, to: int = 1024) -> int:
     return -(-n // to) * to
 

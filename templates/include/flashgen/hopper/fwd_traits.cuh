@@ -78,13 +78,14 @@ struct FwdTraits {
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
   // One instruction spans the whole n of each GEMM (a narrower one rereads its A operand per
-  // instruction); n in steps of 8 needs the hopper family's CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED.
+  // instruction); an n outside CuTe's base shapes needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+  // defined before CuTe's headers (the generated source does, per resources.py).
   static_assert(cute::size<1>(typename TiledMmaS::Shape_MNK{}) == kBlockN,
-                "QK^T would split into narrower wgmmas: build with "
-                "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
+                "QK^T would split into narrower wgmmas: define "
+                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
   static_assert(cute::size<1>(typename TiledMmaO::Shape_MNK{}) == kHeadDim,
-                "PV would split into narrower wgmmas: build with "
-                "-DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
+                "PV would split into narrower wgmmas: define "
+                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
 
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
