@@ -66,6 +66,9 @@ class Family:
     # Its kernels read q, k and v through TMA descriptors, which take no zero strides: the
     # forward copies expanded inputs first (flashgen/launch.py).
     tma_inputs: bool = False
+    # Under a mask that hides keys its forward's blocks claim tiles from a counter
+    # (FwdParams.tile_counter), which the forward allocates per call.
+    tile_counter: bool = False
 
     def kind(self, name: str) -> Kind:
         for kind in self.kinds:

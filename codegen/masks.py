@@ -10,13 +10,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MaskKind:
-    name: str      # in the config's `masks`, spec names and dispatch
-    cpp_type: str  # the policy the templates instantiate
+    name: str         # in the config's `masks`, spec names and dispatch
+    cpp_type: str     # the policy the templates instantiate
+    hides_keys: bool  # some query rows skip some key blocks, so a sequence's blocks do unequal
+                      # work (the policy's kHidesKeys; grid order and scheduling differ)
 
 
 MASKS = {m.name: m for m in (
-    MaskKind("none", "flashgen::NoMask"),
+    MaskKind("none", "flashgen::NoMask", hides_keys=False),
     # Query row i sees key j iff j <= i + offset, the offset per sequence (bottom-right or top-left
     # aligned, chosen by the caller).
-    MaskKind("causal", "flashgen::CausalMask"),
+    MaskKind("causal", "flashgen::CausalMask", hides_keys=True),
 )}

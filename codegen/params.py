@@ -59,6 +59,9 @@ FWD_FIELDS = (
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
     Field("ranks_per_round", "int", "mma family: the grid's order (block_order.cuh, "
           "flashgen/families/mma/schedule.py)", default=1),
+    Field("tile_counter", "int*", "hopper family: an int that the launcher zeroes and a "
+          "persistent grid's blocks claim their next tiles from, in order, as they free up "
+          "(fwd_kernel.cuh). nullptr: tiles dealt out statically", default=0),
 )
 
 BWD_FIELDS = (

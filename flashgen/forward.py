@@ -11,6 +11,7 @@ import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
+from codegen.masks import MASKS
 from codegen.spec import KernelSpec
 from flashgen import families, launch, loader, registry
 
@@ -72,10 +73,16 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: i
     tensors' device and its current stream; fields: its family's own FwdParams fields."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
+    spec = launcher.spec
+    # The launcher zeroes it (when its grid claims tiles); freed after the launch is queued, the
+    # caching allocator reuses it in stream order.
+    counter = (torch.empty(1, dtype=torch.int32, device=q.device)
+               if spec.family_record.tile_counter and MASKS[spec.mask].hides_keys else None)
     args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), batch=batch,
                            heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                            softmax_scale=scale, scale_log2=scale * _LOG2_E,
-                           mask_offset=mask_offset, **fields)
+                           mask_offset=mask_offset,
+                           tile_counter=0 if counter is None else counter.data_ptr(), **fields)
     launch.call_on_device(loader.binding().fwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
 

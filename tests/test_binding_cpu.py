@@ -23,6 +23,7 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
     pytest.skip("no host C++ compiler to build the binding", allow_module_level=True)
 
 from codegen import build, params, paths  # noqa: E402
+from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
 from flashgen import backward, forward, launch, loader  # noqa: E402
 from flashgen.families import mma  # noqa: E402
@@ -151,22 +152,34 @@ Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64
 LSE_SHAPE = (BATCH, HEADS, SEQLEN_Q)
 
 
-def test_forward_launch_fills_every_field(binding):
+@pytest.mark.parametrize("family, mask", [("mma", "causal"), ("hopper", "none"),
+                                          ("hopper", "causal")])
+def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
+    """A family with a tile counter gets a fresh one per call under a mask that hides keys (the
+    launcher zeroes it); other calls pass nullptr."""
     q, k, v, o = distinct_strides(Q_SHAPE, KV_SHAPE, KV_SHAPE, Q_SHAPE)
     lse = torch.empty(LSE_SHAPE)
-    launcher = RecordingLauncher(FwdParams)
+    launcher = RecordingLauncher(FwdParams, family_record=FAMILIES[family], mask=mask)
+    workspaces = record_empty(monkeypatch)
     forward.run(launcher, q, k, v, o, lse, 0.125, MASK_OFFSET,
                 {"ranks_per_round": RANKS_PER_ROUND})
     ((params, stream),) = launcher.launches
     assert stream == 77
+    if family == "hopper" and mask == "causal":
+        (counter,) = workspaces
+        assert counter.dtype == torch.int32 and counter.numel() == 1
+        tile_counter = counter.data_ptr()
+    else:
+        assert workspaces == []
+        tile_counter = None  # ctypes reads a null pointer as None
     assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
                               **problem_fields(q, k, 0.125, MASK_OFFSET),
-                              "ranks_per_round": RANKS_PER_ROUND}
+                              "ranks_per_round": RANKS_PER_ROUND, "tile_counter": tile_counter}
 
 
 def test_forward_launch_failure_raises_with_the_error_string(binding):
     (q,) = distinct_strides((1, 4, 1, 64))
-    launcher = RecordingLauncher(FwdParams, error=2)
+    launcher = RecordingLauncher(FwdParams, error=2, family_record=FAMILIES["mma"], mask="none")
     with pytest.raises(RuntimeError, match=f"kernel launch failed: {os.strerror(2)}"):
         forward.run(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0, {})
 

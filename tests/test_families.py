@@ -95,7 +95,8 @@ def test_the_toy_family_compiles(toy_family, tmp_path, monkeypatch):
 @pytest.fixture
 def dummy_mask():
     """A third mask kind: any C++ policy type with mask.cuh's members."""
-    masks.MASKS["dummy"] = masks.MaskKind("dummy", "flashgen::test::EveryOtherKey")
+    masks.MASKS["dummy"] = masks.MaskKind("dummy", "flashgen::test::EveryOtherKey",
+                                          hides_keys=True)
     yield masks.MASKS["dummy"]
     del masks.MASKS["dummy"]
 

@@ -1,6 +1,7 @@
 """The hopper family on the GPU: dispatch runs it on compute capability 9.0, every built kernel
 runs wgmma, tiles without keys come out right among tiles with keys, and blocks that walk many
-tiles (unmasked calls on a persistent grid) get every tile right. The rest of the forward
+tiles on a persistent grid (statically without a mask, claimed from a counter under a causal one)
+get every tile right, on every call. The rest of the forward
 suite runs on it too (it is the default there); scripts/gpu_check.sh runs the forward files again
 with FLASHGEN_FAMILY=mma."""
 
@@ -66,17 +67,47 @@ def test_tiles_without_keys_between_tiles_with_keys(head_dim):
 
 
 @hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["none", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
-def test_unmasked_blocks_walking_many_tiles(head_dim, dtype):
-    """Several times more tiles than SMs without a mask: where the tile has an output buffer of
-    its own, each block walks many tiles, loading the next Q under the last output; odd lengths
-    and GQA make every walk cross sequences, heads and a ragged last query block."""
-    q = torch.randn(5, 1001, 16, head_dim, device="cuda", dtype=dtype)
-    k = torch.randn(5, 777, 4, head_dim, device="cuda", dtype=dtype)
+def test_blocks_walking_many_tiles(head_dim, dtype, causal):
+    """Several times more tiles than SMs: where the tile has an output buffer of its own, each
+    block walks many tiles, loading the next Q under the last output (dealt out statically
+    without a mask, claimed in order from a counter under a causal one); odd lengths and GQA make
+    every walk cross sequences, heads and a ragged last query block."""
+    q = torch.randn(5, 777, 16, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(5, 1001, 4, head_dim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
-    out_ref, lse_ref = attention_ref(q, k, v)
-    out_pt, lse_pt = attention_ref(q, k, v, upcast=False)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out_ref, lse_ref = attention_ref(q, k, v, causal)
+    out_pt, lse_pt = attention_ref(q, k, v, causal, upcast=False)
     assert_close_fa2(out, out_ref, out_pt, "out")
     assert_close_fa2(lse, lse_ref, lse_pt, "lse")
+
+
+@hopper_gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_causal_calls_claim_every_tile_on_every_call_and_replay(head_dim):
+    """The tile counter starts from zero on every call, in a captured CUDA graph's replays too: a
+    call or replay that found it where the last one left it would skip tiles, and their rows
+    would keep the poisoned output's NaN."""
+    q, k, v = (torch.randn(8, 1024, 16, head_dim, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    expected = attention_ref(q, k, v, True)[0]
+    expected_pt = attention_ref(q, k, v, True, upcast=False)[0]
+    for call in range(3):
+        assert_close_fa2(flash_attn_func(q, k, v, causal=True), expected, expected_pt,
+                         f"out of call {call}")
+
+    side = torch.cuda.Stream()  # load the kernel and fill the allocator's pools off the graph
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flash_attn_func(q, k, v, causal=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flash_attn_func(q, k, v, causal=True)
+    for replay in range(3):
+        captured.fill_(float("nan"))
+        graph.replay()
+        assert_close_fa2(captured, expected, expected_pt, f"out of replay {replay}")

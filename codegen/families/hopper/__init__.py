@@ -4,9 +4,10 @@ design).
 One thread block per block_m query rows: a producer warp loads Q once and streams K and V by TMA
 through rings of kv_stages buffers; consumer warpgroups (one per 64 rows) run QK^T and PV on
 wgmma, taking turns on the tensor cores (pingpong) and issuing the next tile's QK^T before this
-tile's softmax (overlap). Where shared memory leaves room for an output buffer, unmasked calls
-run on a persistent grid (one block per SM walking tiles) that loads each next tile's Q under the
-last one's output. Templates in templates/hopper/, headers in
+tile's softmax (overlap). Where shared memory leaves room for an output buffer, calls run on a
+persistent grid (one block per SM walking tiles) that loads each next tile's Q under the last
+one's output: tiles dealt out statically without a mask, claimed in order from a counter under a
+causal mask. Templates in templates/hopper/, headers in
 templates/include/flashgen/hopper/; resources.py mirrors their budgets. The backward runs on the
 mma family, which reads this forward's lse as its own.
 """
@@ -58,4 +59,5 @@ FAMILY = Family(
     nvcc_flags=("-Xptxas=--warning-as-error",),
     template_context=template_context,
     tma_inputs=True,
+    tile_counter=True,
 )

@@ -27,10 +27,11 @@ def _align(n: int, to: int = 1024) -> int:
 
 
 def shared_bytes(head_dim: int, block_m: int, block_n: int, kv_stages: int) -> int:
-    """Q (reused for O), the K and V rings, and their barriers."""
+    """Q (reused for O), the K and V rings, and their barriers (each ring's full and empty per
+    stage, Q's full and free, the tile handoff's four and its two indices)."""
     q = _align(block_m * head_dim * ELEMENT_BYTES)
     ring = _align(kv_stages * block_n * head_dim * ELEMENT_BYTES)
-    barriers = 2 * 2 * 8 * kv_stages + 8
+    barriers = 2 * 2 * 8 * kv_stages + 2 * 8 + 4 * 8 + 2 * 4
     return q + 2 * ring + barriers
 
 

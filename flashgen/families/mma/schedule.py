@@ -53,6 +53,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from codegen.masks import MASKS
+
 CAUSAL_RANKS_PER_ROUND = 2
 SORTED_TAIL_WAVES = 4
 SORTED_TAIL_L2_SHARE = 0.75
@@ -82,7 +84,7 @@ def for_spec(spec, seqlen_q: int) -> int:
 
 def hides_keys(mask: str) -> bool:
     """Whether a mask gives a sequence's blocks unequal work (the decisions above then differ)."""
-    return mask != "none"
+    return MASKS[mask].hides_keys
 
 
 def sorted_tail_blocks(uneven: bool, key_blocks: int, batch_heads: int,

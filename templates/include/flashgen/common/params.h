@@ -49,6 +49,9 @@ struct FwdParams : AttentionParams {
   float* softmax_lse;
   // mma family: the grid's order (block_order.cuh, flashgen/families/mma/schedule.py)
   int ranks_per_round;
+  // hopper family: an int that the launcher zeroes and a persistent grid's blocks claim their next
+  // tiles from, in order, as they free up (fwd_kernel.cuh). nullptr: tiles dealt out statically
+  int* tile_counter;
 };
 
 struct BwdParams : AttentionParams {
@@ -105,7 +108,7 @@ struct BwdParams : AttentionParams {
   X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
   X(softmax_scale) X(scale_log2) X(mask_offset)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
-  X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round)
+  X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter)
 #define FLASHGEN_BWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \

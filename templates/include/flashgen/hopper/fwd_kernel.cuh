@@ -1,9 +1,10 @@
 // The Hopper forward, warp specialised. A thread block computes tiles of kBlockM query rows of
 // one (batch, head) (fwd_launch.cuh decides how many tiles each block walks). Warpgroup 0's first
-// thread loads a tile's Q once and streams its K and V tiles by TMA through two rings of kStages
-// buffers (one for K, one for V, so QK^T never waits on V); each consumer warpgroup owns 64 query
-// rows and runs S = Q K^T and O += P V on wgmma, with the online softmax between them. Key blocks
-// run last to first, so the blocks the mask cuts come first and the rest run unmasked.
+// thread picks each tile, hands its index to the consumers, loads its Q once and streams its K
+// and V tiles by TMA through two rings of kStages buffers (one for K, one for V, so QK^T never
+// waits on V); each consumer warpgroup owns 64 query rows and runs S = Q K^T and O += P V on
+// wgmma, with the online softmax between them. Key blocks run last to first, so the blocks the
+// mask cuts come first and the rest run unmasked.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -42,6 +43,48 @@ struct TileCoord {
     const int m = index % m_blocks;
     const int bh = index / m_blocks;
     return {kLongestFirst ? m_blocks - 1 - m : m, bh % heads, bh / heads};
+  }
+};
+
+// The tiles a block walks: its first is blockIdx.x; each next one is claimed from the params'
+// tile counter where there is one (blocks then take tiles in index order as they free up, so
+// tiles of unequal cost stay balanced and the tiles in flight stay neighbours, sharing K and V in
+// L2), else dealt out statically (b + gridDim.x, ...).
+__device__ __forceinline__ int next_tile(FwdParams const& p, int index) {
+  return p.tile_counter ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : index + int(gridDim.x);
+}
+
+// The producer hands tile t's index to the consumers through slot t % 2: it waits until every
+// consumer thread has taken the slot's previous tile (t - 2), writes the index and arrives on
+// `ready`; a consumer thread waits on `ready`, reads and arrives on `taken`. An index past the
+// last tile ends the walk. (mbarrier arrive and wait order the slot's accesses; the asm
+// statements do not tell the compiler, hence the compiler fences.)
+struct TileHandoff {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  TileSlots& slots;
+
+  __device__ void init(int consumer_threads) {
+    for (int slot = 0; slot < 2; ++slot) {
+      Barrier::init(&slots.ready[slot], 1);
+      Barrier::init(&slots.taken[slot], consumer_threads);
+    }
+  }
+  __device__ void send(int t, int index) {
+    const int slot = t & 1;
+    if (t >= 2) Barrier::wait(&slots.taken[slot], ((t >> 1) - 1) & 1);
+    asm volatile("" ::: "memory");
+    slots.index[slot] = index;
+    asm volatile("" ::: "memory");
+    Barrier::arrive(&slots.ready[slot]);
+  }
+  __device__ int receive(int t) {
+    const int slot = t & 1;
+    Barrier::wait(&slots.ready[slot], (t >> 1) & 1);
+    asm volatile("" ::: "memory");
+    const int index = slots.index[slot];
+    asm volatile("" ::: "memory");
+    Barrier::arrive(&slots.taken[slot]);
+    return index;
   }
 };
 
@@ -89,8 +132,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
 
-  // Thread block b computes tiles b, b + gridDim.x, ... Producer and consumers walk the same
-  // tiles and make the same decisions from them.
+  // Producer and consumers walk the same tiles (next_tile, TileHandoff) and make the same
+  // decisions from them.
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int tiles = m_blocks * p.heads * p.batch;
   struct Work {
@@ -118,10 +161,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   pipe_params.num_consumers = Traits::kConsumerThreads;
   Pipeline pipeline_k(smem.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
   Pipeline pipeline_v(smem.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  TileHandoff handoff{smem.tile_slots};
   if (producer_thread) {
+    handoff.init(Traits::kConsumerThreads);
+    // q_full and q_free count the tiles that load a Q (those with keys). With an own output
+    // buffer every consumer thread frees Q after its last QK^T; without, each consumer's storing
+    // thread once its store has read the rows.
     TxBarrier::init(&smem.q_full, 1);
-    // With an own output buffer every consumer thread frees Q after its last QK^T; without,
-    // each consumer's storing thread once its store has read the rows.
     Barrier::init(&smem.q_free, Traits::kOwnOutputBuffer ? Traits::kConsumerThreads : kConsumers);
     prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
     prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
@@ -149,9 +195,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
     auto k_state = cutlass::make_producer_start_state<Pipeline>();
     auto v_state = cutlass::make_producer_start_state<Pipeline>();
-    int tile_count = 0;
-    for (int index = blockIdx.x; index < tiles; index += gridDim.x, ++tile_count) {
+    int q_loads = 0;
+    for (int t = 0, index = blockIdx.x;; ++t, index = next_tile(p, index)) {
+      handoff.send(t, index);
+      if (index >= tiles) break;
       const Work w = work_of(index);
+      if (w.n_blocks == 0) continue;
       const int head_kv = w.tile.head / (p.heads / p.heads_kv);
       // (64-row slab, head dim, slabs) of this head's queries; (block_n, head dim, blocks) of
       // its keys and values.
@@ -169,16 +218,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                         group_modes<0, 2>(gV));
 
       int n_block = w.n_blocks - 1;
-      if (n_block >= 0) {
-        pipeline_k.producer_acquire(k_state);
-        copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block),
-             tKsK(_, k_state.index()));
-        ++k_state;
-      }
-      // Q's buffer is free once the consumers are done with the previous tile's Q (and, without
-      // an own output buffer, its output).
-      if (tile_count > 0) Barrier::wait(&smem.q_free, (tile_count - 1) & 1);
-      if (n_block < 0) continue;
+      pipeline_k.producer_acquire(k_state);
+      copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block),
+           tKsK(_, k_state.index()));
+      ++k_state;
+      // Q's buffer is free once the consumers are done with the previous Q (and, without an own
+      // output buffer, with the output staged over it).
+      if (q_loads > 0) Barrier::wait(&smem.q_free, (q_loads - 1) & 1);
+      ++q_loads;
       TxBarrier::arrive_and_expect_tx(&smem.q_full, kConsumers * Traits::kSlabBytes);
       CUTE_UNROLL
       for (int c = 0; c < kConsumers; ++c) {
@@ -240,7 +287,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   typename Pipeline::PipelineState k_state, v_state;
   int q_loads = 0;
-  for (int index = blockIdx.x; index < tiles; index += gridDim.x) {
+  for (int t = 0;; ++t) {
+    const int index = handoff.receive(t);
+    if (index >= tiles) break;
     const Work w = work_of(index);
     const int row0 = w.tile.m_block * kBlockM + consumer * 64;
     auto masked = [&](int n_block) {
@@ -251,7 +300,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     OnlineSoftmax softmax(p.scale_log2);
     float rescale[2];
     clear(tOrO);
-    // After this thread's last QK^T of the tile (or at once, for a tile without keys).
+    // After this thread's last QK^T of a tile with keys.
     auto release_q = [&] {
       if constexpr (Traits::kOwnOutputBuffer) Barrier::arrive(&smem.q_free);
     };
@@ -329,8 +378,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
 
-    if (w.n_blocks == 0) release_q();
-
     float lse[2];
     softmax.finish(tOrO, lse);
 
@@ -366,7 +413,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       tma_store_arrive();
       if constexpr (!Traits::kOwnOutputBuffer) {
         tma_store_wait<0>();
-        Barrier::arrive(&smem.q_free);
+        if (w.n_blocks > 0) Barrier::arrive(&smem.q_free);
       }
     }
   }

@@ -58,21 +58,35 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  // Without a mask every tile costs the same, so one block per SM walks tiles b, b + SMs, ...
-  // in step; with an own output buffer it loads each next tile's Q while the last one finishes.
-  // Otherwise one block per tile: statically dealt causal tiles unbalance the blocks, and with O
-  // in Q's buffer a walking block gains nothing over a fresh one.
+  // With an own output buffer a block walks tiles, loading each next tile's Q under the last
+  // one's output, on one block per SM: without a mask every tile costs the same, so they are
+  // dealt out statically; under a mask that hides keys they differ, so blocks claim them in order
+  // (longest first within a (batch, head), TileCoord) from the params' tile counter, zeroed
+  // here; without a counter from the caller, one block per tile. Without an own output buffer a
+  // walking block gains nothing over a fresh one: one block per tile, which the kernel assumes
+  // there (a tile without keys stages its output over Q).
+  FwdParams params = p;
+  params.tile_counter = nullptr;
   int64_t grid = blocks;
-  if constexpr (!Mask::kHidesKeys && Traits::kOwnOutputBuffer) {
+  if constexpr (Traits::kOwnOutputBuffer) {
     int device = 0, sms = 0;
     if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
     if (cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
         err != cudaSuccess) {
       return err;
     }
-    grid = std::min<int64_t>(blocks, sms);
+    if (!Mask::kHidesKeys) {
+      grid = std::min<int64_t>(blocks, sms);
+    } else if (p.tile_counter != nullptr && blocks > sms) {
+      if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+          err != cudaSuccess) {
+        return err;
+      }
+      params.tile_counter = p.tile_counter;
+      grid = sms;
+    }
   }
-  kernel<<<unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
+  kernel<<<unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream>>>(params, tmas);
   return cudaGetLastError();
 }
 

@@ -23,6 +23,14 @@ constexpr auto smem_atom() {
   else return GMMA::Layout_K_INTER_Atom<Element>{};
 }
 
+// The producer's choice of each next tile, handed to the consumers through two slots
+// (fwd_kernel.cuh, TileHandoff).
+struct TileSlots {
+  alignas(8) uint64_t ready[2];  // the producer has written the slot's tile
+  alignas(8) uint64_t taken[2];  // every consumer thread has read it
+  int index[2];
+};
+
 // kBlockM query rows per thread block, 64 per consumer warpgroup; kBlockN keys per K/V stage.
 // kPingpong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
 // softmax runs under another's GEMMs. kOverlap: inside a warpgroup, the next tile's QK^T is
@@ -99,6 +107,7 @@ struct FwdTraits {
     typename PipelineKV::SharedStorage pipeline_v;
     alignas(8) uint64_t q_full;  // Q has landed
     alignas(8) uint64_t q_free;  // Q's buffer may take the next tile's Q
+    TileSlots tile_slots;
   };
   struct SharedStorageQO : SharedStorageQ {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> o;
