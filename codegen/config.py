@@ -21,6 +21,9 @@ Layout of the file (see configs/default.toml):
     q_stages = 2
     [mma.sm_90.head_dim.128.causal]     # optional, per mask kind: keys of the main tile that
     block_n = 128                       # differ for that mask's kernels (same count of kernels)
+    [[mma.sm_90.head_dim.128.causal.alt_tiles]]  # optional: that mask's alt tiles, in place of
+    block_m = 64                                 # the head dim's
+    ...
 
 Each family (codegen/families/) says which kinds of kernel a head-dim table holds, under which
 subtable, with which keys and resource checks; this module only walks the tables.
@@ -57,19 +60,16 @@ class Config:
     masks: tuple[str, ...]
     # (family, kind, arch, head_dim) -> its tiles, the main one first, then its alt tiles; sorted
     tiles: tuple[tuple[TileKey, tuple[Tile, ...]], ...]
-    # (family, kind, arch, head_dim, mask) -> the main tile of that mask's kernels where a
-    # [....<mask>] subtable changes it; sorted
-    mask_tiles: tuple[tuple[MaskTileKey, Tile], ...] = ()
+    # (family, kind, arch, head_dim, mask) -> that mask's tiles (main first, then alt tiles)
+    # where a [....<mask>] subtable changes them; sorted
+    mask_tiles: tuple[tuple[MaskTileKey, tuple[Tile, ...]], ...] = ()
 
     def tiles_of(self, family: str, kind: str, arch: str, head_dim: int,
                  mask: str | None = None) -> tuple[Tile, ...]:
-        """The main tile first (the mask's own where it has one), then the alt tiles; empty when
-        not configured."""
+        """The main tile first, then the alt tiles (the mask's own where its table changes them);
+        empty when not configured."""
         tiles = dict(self.tiles).get((family, kind, arch, head_dim), ())
-        own = dict(self.mask_tiles).get((family, kind, arch, head_dim, mask))
-        if not tiles or own is None:
-            return tiles
-        return (own, *(t for t in tiles[1:] if t != own))
+        return dict(self.mask_tiles).get((family, kind, arch, head_dim, mask), tiles)
 
     def head_dims(self, family: str, kind: str, arch: str) -> list[int]:
         return sorted(hd for (f, k, a, hd), _ in self.tiles if (f, k, a) == (family, kind, arch))
@@ -126,8 +126,8 @@ def parse_config(raw: dict, path: Path) -> Config:
                   tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
 
 
-def _parse_family(table, family: Family,
-                  fail) -> tuple[dict[TileKey, tuple[Tile, ...]], dict[MaskTileKey, Tile]]:
+def _parse_family(table, family: Family, fail) -> tuple[dict[TileKey, tuple[Tile, ...]],
+                                                       dict[MaskTileKey, tuple[Tile, ...]]]:
     _reject_unknown(table, set(family.archs), family.name, fail)
     tiles, mask_tiles = {}, {}
     for arch, arch_table in table.items():
@@ -141,15 +141,16 @@ def _parse_family(table, family: Family,
                                               hd_where, fail)
                 if kind_tiles:
                     tiles[(family.name, kind.name, arch, head_dim)] = kind_tiles
-                for mask, tile in own.items():
-                    mask_tiles[(family.name, kind.name, arch, head_dim, mask)] = tile
+                for mask, mask_kind_tiles in own.items():
+                    mask_tiles[(family.name, kind.name, arch, head_dim, mask)] = mask_kind_tiles
     return tiles, mask_tiles
 
 
 def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where: str,
-                fail) -> tuple[tuple[Tile, ...], dict[str, Tile]]:
+                fail) -> tuple[tuple[Tile, ...], dict[str, tuple[Tile, ...]]]:
     """The kind's main tile and alt tiles in one head dim's table (() when absent and optional),
-    and the main tile of each mask kind whose subtable changes it."""
+    and the tiles of each mask kind whose subtable changes them: its main tile (the keys that
+    differ) and its alt tiles (its own [[...<mask>.alt_tiles]], else the head dim's)."""
     if kind.table is None:
         table, subtables = hd_table, family.subtables
     else:
@@ -158,20 +159,33 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
             return (), {}
     if table is None:
         raise fail(where, f"missing: every head dim needs its {kind.name} tile")
-    subtables += (ALT_TILES,) if kind.alt_tiles else ()
-    subtables += tuple(MASKS)
-    main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables)
+    alt_key = (ALT_TILES,) if kind.alt_tiles else ()
+    main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables + alt_key + tuple(MASKS))
+    tiles = (main, *_parse_alt_tiles(table, kind, head_dim, arch, where, fail, main))
     own = {}
     for mask in MASKS:
         if mask not in table:
             continue
-        mask_where = f"{where}.{mask}"
-        _reject_unknown(table[mask], set(kind.tile.keys()), mask_where, fail)
-        merged = {key: table[mask].get(key, table[key]) for key in kind.tile.keys()}
-        tile = _parse_tile(merged, kind, head_dim, arch, mask_where, fail)
-        if tile == main:
-            raise fail(mask_where, f"repeats the main tile {main.suffix}: delete the table")
-        own[mask] = tile
+        mask_where, mask_table = f"{where}.{mask}", table[mask]
+        _reject_unknown(mask_table, set(kind.tile.keys()) | set(alt_key), mask_where, fail)
+        merged = {key: mask_table.get(key, table[key]) for key in kind.tile.keys()}
+        mask_main = _parse_tile(merged, kind, head_dim, arch, mask_where, fail)
+        if ALT_TILES in mask_table:
+            mask_alts = _parse_alt_tiles(mask_table, kind, head_dim, arch, mask_where, fail,
+                                         mask_main)
+        else:  # the head dim's, less one the mask's main tile now repeats
+            mask_alts = [t for t in tiles[1:] if t != mask_main]
+        mask_tiles = (mask_main, *mask_alts)
+        if mask_tiles == tiles:
+            raise fail(mask_where, f"repeats the main tile {main.suffix}"
+                       f"{' and the alt tiles' if len(tiles) > 1 else ''}: delete the table")
+        own[mask] = mask_tiles
+    return tiles, own
+
+
+def _parse_alt_tiles(table, kind: Kind, head_dim: int, arch, where: str, fail,
+                     main: Tile) -> list[Tile]:
+    """The [[<where>.alt_tiles]] of a kind that takes them, none repeating main or each other."""
     alts = []
     alt_tables = table.get(ALT_TILES, []) if kind.alt_tiles else []
     if not isinstance(alt_tables, list):
@@ -183,7 +197,7 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
             raise fail(f"{where}.{ALT_TILES}[{i}]", f"{tile.suffix} repeats "
                        f"{'the main tile' if tile == main else 'an earlier alt tile'}")
         alts.append(tile)
-    return (main, *alts), own
+    return alts
 
 
 def _reject_unknown(table, allowed: set[str], where: str, fail) -> None:

@@ -75,6 +75,25 @@ def test_a_mask_table_changes_that_masks_main_tile_only(tmp_path):
                                                  ("causal", FwdTile(64, 64, 4, 2))}
 
 
+def test_a_masks_alt_tiles_replace_the_head_dims_for_that_mask_only(tmp_path):
+    mask_alt = "[[mma.sm_90.head_dim.64.causal.alt_tiles]]\n"
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{ALT}{SMALL_TILE}"
+                                         f"{mask_alt}block_m = 64\nblock_n = 32\nwarps = 4\n"
+                                         "kv_stages = 2\n"))
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "none") == (
+        FwdTile(128, 64, 4, 2), FwdTile(64, 64, 4, 2))
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "causal") == (
+        FwdTile(128, 64, 4, 2), FwdTile(64, 32, 4, 2))
+    # Alt tiles under a mask alone: the other masks build the main tile only.
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{mask_alt}{SMALL_TILE}"))
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "none") == (FwdTile(128, 64, 4, 2),)
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "causal") == (
+        FwdTile(128, 64, 4, 2), FwdTile(64, 64, 4, 2))
+    assert {(s.mask, s.tile) for s in enumerate_specs(config, kinds=["fwd"], dtypes=["bf16"])} == {
+        ("none", FwdTile(128, 64, 4, 2)), ("causal", FwdTile(128, 64, 4, 2)),
+        ("causal", FwdTile(64, 64, 4, 2))}
+
+
 def test_a_mask_table_under_backward_changes_the_backward_tile(tmp_path):
     config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{BACKWARD}"
                                          "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"
@@ -160,6 +179,15 @@ def test_masks_select_the_mask_kinds(tmp_path):
      r"head_dim.64.causal: block_n = 40 must be a multiple of 16"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.causal]\nblock_n = 64\n",
      r"head_dim.64.causal: repeats the main tile m128n64w4s2: delete the table"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}{ALT}{SMALL_TILE}"
+     f"[[mma.sm_90.head_dim.64.causal.alt_tiles]]\n{SMALL_TILE}",
+     r"head_dim.64.causal: repeats the main tile m128n64w4s2 and the alt tiles: delete the table"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[[mma.sm_90.head_dim.64.causal.alt_tiles]]\n{TILE}",
+     r"head_dim.64.causal.alt_tiles\[0\]: m128n64w4s2 repeats the main tile"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.backward]\n"
+     "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"
+     f"[[mma.sm_90.head_dim.64.backward.causal.alt_tiles]]\n{SMALL_TILE}",
+     r"head_dim.64.backward.causal: unknown key\(s\) \['alt_tiles'\]"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.window]\nblock_n = 32\n",
      r"head_dim.64: unknown key\(s\) \['window'\]"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.alt_tiles]\n{SMALL_TILE}",

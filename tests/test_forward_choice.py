@@ -164,3 +164,24 @@ def test_the_backward_names_its_tables_for_a_head_dim_too_large(backward):
     with pytest.raises(backward.registry.dispatch.DispatchError,
                        match="not supported by the backward on sm_90"):
         backward._choose(0, "bf16", 320, "none")
+
+
+@pytest.fixture
+def hopper_forward(forward, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_FAMILY", "hopper")
+    return forward
+
+
+@pytest.mark.parametrize("head_dim, seqlen_q, tile", [
+    (64, 512, "m128n128s2p1o1"), (64, 1024, "m128n128s2p1o1"), (64, 1025, "m192n128s2p1o1"),
+    (64, 16384, "m192n128s2p1o1"), (192, 1024, "m128n64s2p1o1"), (192, 2048, "m128n112s2p1o1")])
+def test_short_causal_calls_run_the_hopper_short_sequence_tile(hopper_forward, head_dim,
+                                                               seqlen_q, tile):
+    spec = hopper_forward.kernel_for(DEVICE, "bf16", head_dim, "causal", 32 * 32, seqlen_q)
+    assert spec.family == "hopper" and spec.tile.suffix == tile
+
+
+@pytest.mark.parametrize("seqlen_q", [512, 16384])
+def test_unmasked_calls_keep_the_hopper_main_tile(hopper_forward, seqlen_q):
+    spec = hopper_forward.kernel_for(DEVICE, "bf16", 64, "none", 32 * 32, seqlen_q)
+    assert spec.family == "hopper" and spec.tile.suffix == "m192n128s2p1o1"

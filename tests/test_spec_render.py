@@ -20,10 +20,10 @@ def specs():
 
 def test_spec_count_is_the_product_of_the_axes(specs):
     # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes x 2 masks;
-    # hopper: 5 head dims x 2 dtypes x 2 masks, forward on sm_90
-    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2 + 5 * 2 * 2
+    # hopper: (5 head dims x 2 masks + 2 causal alt tiles) x 2 dtypes, forward on sm_90
+    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2 + (5 * 2 + 2) * 2
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 20
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 24
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
@@ -79,8 +79,8 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
     render.render_tree(specs, tmp_path)
     entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
     assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
-    assert entries[0]["tile"] == {"block_m": 192, "block_n": 128, "kv_stages": 2,
-                                  "pingpong": True, "overlap": True}  # hopper's, hd64
+    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "kv_stages": 2,
+                                  "pingpong": True, "overlap": True}  # hopper's, hd64 causal alt
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):

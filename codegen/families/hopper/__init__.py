@@ -49,8 +49,9 @@ FAMILY = Family(
     archs=("sm_90",),
     # Ahead of the mma family (100): on an H100 it runs the forward whenever it is built.
     priority=50,
+    # Alt tiles are short-sequence tiles (flashgen/families/hopper/).
     kinds=(Kind("fwd", table=None, tile=FwdTile, template="fwd_kernel.cu.j2",
-                problems=_fwd_problems),),
+                problems=_fwd_problems, alt_tiles=True),),
     template_dir=TEMPLATES_DIR / "hopper",
     # wgmma and setmaxnreg exist only in the arch-specific target.
     gencode=lambda arch: "-gencode=arch=compute_90a,code=sm_90a",
