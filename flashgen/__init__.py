@@ -6,7 +6,8 @@ Importing the package is cheap; torch is imported when a function is first used.
 """
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "__version__"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "merge_attention_states",
+           "__version__"]
 
 
 def __getattr__(name):
@@ -14,4 +15,8 @@ def __getattr__(name):
         from flashgen import interface
 
         return getattr(interface, name)
+    if name == "merge_attention_states":
+        from flashgen import merge
+
+        return merge.merge_attention_states
     raise AttributeError(f"module 'flashgen' has no attribute {name!r}")
