@@ -26,6 +26,7 @@ class Field:
     default: object = None  # Python's value when the caller leaves it out (None: required)
     tensor: bool = False    # a (batch, seq, heads, dim) tensor: pointer and STRIDES strides
     stride_prefix: str = ""  # the strides' name prefix if not the field's name
+    optional: bool = False  # a tensor Python may pass as None: nullptr and zero strides
 
     def c_members(self) -> list[tuple[str, str]]:
         members = [(self.ctype, self.name)]
@@ -35,8 +36,10 @@ class Field:
         return members
 
 
-def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "") -> Field:
-    return Field(name, ctype, comment, tensor=True, stride_prefix=stride_prefix)
+def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "",
+            optional: bool = False) -> Field:
+    return Field(name, ctype, comment, default=None, tensor=True, stride_prefix=stride_prefix,
+                 optional=optional)
 
 
 # What every pass reads: the inputs and the problem's sizes, scale and mask.
@@ -88,10 +91,52 @@ BWD_FIELDS = (
     Field("splits", "int", default=1),
 )
 
+# Attention over a KV cache (the mma family's decode kind): q holds the new tokens' queries, k and
+# v the cache, seqlen_k its capacity per sequence. One launch may append the new keys and values
+# (rotated) first, and split the keys over several blocks whose partial results a second kernel
+# combines.
+DECODE_FIELDS = (
+    _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
+    Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
+    Field("num_splits", "int", "blocks that share each (sequence, KV head)'s keys, each an equal "
+          "share of its key blocks; above 1 they write o_accum and lse_accum and a second "
+          "kernel combines them into o and softmax_lse", default=1),
+    Field("o_accum", "float*", "(num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: "
+          "each split's normalised output", default=0),
+    Field("lse_accum", "float*", "(num_splits, batch, heads, seqlen_q) fp32 workspace: each "
+          "split's lse (-inf where it saw no key)", default=0),
+    Field("cache_seqlens", "const int*", "(batch,): the keys in each sequence's cache before this "
+          "call's new ones; nullptr: seqlen_k, the whole cache", default=0),
+    Field("cache_batch_idx", "const int*", "(batch,): the cache row of each sequence; nullptr: "
+          "its own index", default=0),
+    Field("block_table", "const int*", "(batch, pages per sequence): a paged cache's page of "
+          "each run of page_size keys; k and v are then (pages, page_size, heads_kv, head_dim). "
+          "nullptr: a contiguous cache", default=0),
+    Field("block_table_batch_stride", "int64_t", default=0),
+    Field("page_size", "int", default=0),
+    _tensor("k_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim): keys to append at "
+            "cache_seqlens (rotated when rotary_dim > 0) before attending; nullptr: none",
+            optional=True),
+    _tensor("v_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim)", optional=True),
+    Field("seqlen_new", "int", "rows of k_new and v_new; attention covers cache_seqlens + "
+          "seqlen_new keys", default=0),
+    _tensor("q_rot", "void*", "(batch, seqlen_q, heads, head_dim): q rotated, written by the "
+            "append kernel and read by attention in place of q when rotary_dim > 0",
+            optional=True),
+    Field("rotary_cos", "const void*", "(rotary rows, rotary_dim / 2), contiguous, q's dtype",
+          default=0),
+    Field("rotary_sin", "const void*", default=0),
+    Field("rotary_dim", "int", "columns rotated (even, at most head_dim); 0: no rotary embedding",
+          default=0),
+    Field("rotary_interleaved", "int", "1: pairs (2i, 2i + 1) (GPT-J); 0: pairs (i, i + "
+          "rotary_dim / 2) (GPT-NeoX)", default=1),
+)
+
 # Each pass's struct derives from AttentionParams: its members come after the base's, in memory
 # and in the order Python passes them.
 BASE = "AttentionParams"
-STRUCTS = {BASE: ATTENTION_FIELDS, "FwdParams": FWD_FIELDS, "BwdParams": BWD_FIELDS}
+STRUCTS = {BASE: ATTENTION_FIELDS, "FwdParams": FWD_FIELDS, "BwdParams": BWD_FIELDS,
+           "DecodeParams": DECODE_FIELDS}
 
 
 def members(fields_: tuple[Field, ...]) -> list[tuple[str, str]]:
@@ -108,10 +153,16 @@ def _args_builder(name: str, fields_: tuple[Field, ...]):
     faster per call than keywords."""
     fields_ = ATTENTION_FIELDS + fields_
     tuple_type = namedtuple(name, [m for f in fields_ for _, m in f.c_members()])
-    params = ", ".join(f.name if f.default is None else f"{f.name}={f.default!r}" for f in fields_)
+    params = ", ".join(f.name if f.default is None and not f.optional
+                       else f"{f.name}={f.default!r}" for f in fields_)
     body, values = [], []
     for f in fields_:
-        if f.tensor:
+        if f.tensor and f.optional:
+            body.append(f"    {f.name}_strides = (0, 0, 0) if {f.name} is None else "
+                        f"{f.name}.stride()")
+            values += [f"0 if {f.name} is None else {f.name}.data_ptr()"]
+            values += [f"{f.name}_strides[{i}]" for i in range(3)]
+        elif f.tensor:
             body.append(f"    {f.name}_strides = {f.name}.stride()")
             values += [f"{f.name}.data_ptr()"] + [f"{f.name}_strides[{i}]" for i in range(3)]
         else:
@@ -127,6 +178,7 @@ def _args_builder(name: str, fields_: tuple[Field, ...]):
 
 FwdArgs, fwd_args = _args_builder("FwdArgs", FWD_FIELDS)
 BwdArgs, bwd_args = _args_builder("BwdArgs", BWD_FIELDS)
+DecodeArgs, decode_args = _args_builder("DecodeArgs", DECODE_FIELDS)
 
 
 def _comment(text: str, indent: str, width: int = 100) -> list[str]:

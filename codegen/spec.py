@@ -32,7 +32,7 @@ class KernelSpec:
         return families.FAMILIES[self.family]
 
 
-KINDS = ("fwd", "bwd")
+KINDS = ("fwd", "bwd", "decode")
 
 
 def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, masks=None,

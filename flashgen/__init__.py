@@ -6,8 +6,8 @@ Importing the package is cheap; torch is imported when a function is first used.
 """
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "merge_attention_states",
-           "__version__"]
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "flash_attn_with_kvcache",
+           "merge_attention_states", "__version__"]
 
 
 def __getattr__(name):
@@ -15,6 +15,10 @@ def __getattr__(name):
         from flashgen import interface
 
         return getattr(interface, name)
+    if name == "flash_attn_with_kvcache":
+        from flashgen import inference
+
+        return inference.flash_attn_with_kvcache
     if name == "merge_attention_states":
         from flashgen import merge
 

@@ -17,7 +17,7 @@ from codegen.spec import KINDS, enumerate_specs
 
 def _parser() -> argparse.ArgumentParser:
     from flashgen import __version__
-    from flashgen.tools.bench import MODES
+    from flashgen.tools.bench import MODES, SERVING_MODES
 
     parser = argparse.ArgumentParser(prog="flashgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
@@ -57,9 +57,12 @@ def _parser() -> argparse.ArgumentParser:
                        "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
                        "on request flashgen_deterministic, and flashgen_main_tile or "
                        "flashgen_alt_tile: the forward on one tile whatever the shape)")
-    bench.add_argument("--mode", action="append", choices=MODES,
+    bench.add_argument("--mode", action="append", choices=MODES + SERVING_MODES,
                        help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
-                       "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd)")
+                       "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd); or "
+                       "alone, decode or prefill: attention over a KV cache "
+                       "(flashgen/tools/bench/serving.py; --dtype, --head-dim, --batch and "
+                       "--seqlen, the cache length, narrow its grid)")
     bench.add_argument("--out", type=Path, help="write results.json and results.md here")
     bench.add_argument("--memory", action="store_true", help="peak memory of one forward call and "
                        "of forward + backward, seqlen 1k..128k, instead of speed")
@@ -154,6 +157,8 @@ def _bench(args) -> int:
     if args.overhead:
         print(bench.overhead_us())
         return 0
+    if args.mode and args.mode[0] in bench.SERVING_MODES:
+        return _bench_serving(args)
     impls = tuple(args.impl) if args.impl else None
     modes = tuple(args.mode) if args.mode else None
     if args.memory:
@@ -176,6 +181,23 @@ def _bench(args) -> int:
     return 0
 
 
+def _bench_serving(args) -> int:
+    from flashgen.tools.bench import serving
+
+    mode = args.mode[0]
+    grid = dict(serving.DECODE_GRID if mode == "decode" else serving.PREFILL_GRID)
+    for key, value in (("dtypes", args.dtype), ("head_dims", args.head_dim),
+                       ("batches", args.batch and [args.batch]),
+                       ("cache_lengths", args.seqlen)):
+        if value:
+            grid[key] = tuple(value)
+    result = serving.run(mode, grid)
+    if args.out:
+        for path in serving.write(result, args.out, "flashgen " + " ".join(sys.argv[1:])):
+            print(f"flashgen bench: wrote {path}")
+    return 0
+
+
 def _bench_argument_problem(args) -> str | None:
     """What is wrong with the bench's arguments, checked before looking for a GPU."""
     from flashgen.tools import bench
@@ -183,6 +205,12 @@ def _bench_argument_problem(args) -> str | None:
     unknown = sorted(set(args.impl or ()) - set(bench.KNOWN_IMPLEMENTATIONS))
     if unknown:
         return f"unknown --impl {unknown}; choose from {list(bench.KNOWN_IMPLEMENTATIONS)}"
+    serving = set(args.mode or ()) & set(bench.SERVING_MODES)
+    if serving and (len(args.mode) > 1 or args.memory or args.overhead or args.impl
+                    or args.causal or args.heads):
+        return (f"--mode {serving.pop()} runs alone, without --memory, --overhead, --impl, "
+                f"--causal or --heads (its grid and peers are fixed; --dtype, --head-dim, "
+                f"--batch and --seqlen narrow it)")
     if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
         return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
                 f"includes what its forward saved)")

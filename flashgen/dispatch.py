@@ -14,7 +14,7 @@ class DispatchError(ValueError):
     """No configured kernel can run this call; the message says how to add one."""
 
 
-_KIND_WORDS = {"fwd": "forward", "bwd": "backward"}
+_KIND_WORDS = {"fwd": "forward", "bwd": "backward", "decode": "KV-cache (decode)"}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""flashgen's torch ops, flashgen::fwd and flashgen::bwd: a CUDA kernel, a fake (meta)
+"""flashgen's torch ops, flashgen::fwd, flashgen::bwd and flashgen::fwd_kvcache: a CUDA kernel, a fake (meta)
 implementation for torch.compile and FakeTensorMode, and autograd that connects the two.
 
 Registered with torch.library.Library's define + impl, register_fake and register_autograd rather
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from flashgen import backward, forward, launch
+from flashgen import backward, decode, forward, launch
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the
@@ -33,6 +33,15 @@ _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tens
                 "float scale, str mask, SymInt mask_offset, bool deterministic, "
                 "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) "
                 "-> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
+
+# Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
+# caches in place at cache_seqlens; num_splits 0 lets flashgen/decode.py choose. Not
+# differentiable.
+_LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
+                "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
+                "Tensor? cache_batch_idx, Tensor? block_table, float scale, bool causal, "
+                "bool rotary_interleaved, int num_splits) -> (Tensor out, Tensor lse)",
+                tags=_TAGS)
 
 
 def attention(q, k, v, scale: float, mask: str, mask_offset: int, deterministic: bool,
@@ -60,6 +69,20 @@ def _runs_plain_eager(tensors) -> bool:
         if type(t) is not torch.Tensor or not t.is_cuda or (grad_enabled and t.requires_grad):
             return False
     return True
+
+
+def attention_with_kvcache(*arguments):
+    """out, lse = flashgen::fwd_kvcache(*arguments) for validated arguments in its schema's
+    order."""
+    if _runs_plain_eager(t for t in arguments[:5] if t is not None):
+        return decode.decode(*arguments)
+    return torch.ops.flashgen.fwd_kvcache.default(*arguments)
+
+
+def _fwd_kvcache_fake(q, *_):
+    batch, seqlen_q, heads, _ = q.shape
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
 
 
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, deterministic, heads_first, *layout):
@@ -120,8 +143,10 @@ def _no_double_backward(ctx, *grads):
 
 _LIBRARY.impl("fwd", _fwd_cuda, "CUDA")
 _LIBRARY.impl("bwd", _bwd_cuda, "CUDA")
+_LIBRARY.impl("fwd_kvcache", decode.decode, "CUDA")
 torch.library.register_fake("flashgen::fwd", _fwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::bwd", _bwd_fake, lib=_LIBRARY)
+torch.library.register_fake("flashgen::fwd_kvcache", _fwd_kvcache_fake, lib=_LIBRARY)
 torch.library.register_autograd("flashgen::fwd", _fwd_backward, setup_context=_save_for_backward,
                                 lib=_LIBRARY)
 torch.library.register_autograd("flashgen::bwd", _no_double_backward, lib=_LIBRARY)

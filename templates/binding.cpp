@@ -1,5 +1,5 @@
-// The Python binding: turns plain Python numbers into a FwdParams or BwdParams and calls a
-// kernel's launcher.
+// The Python binding: turns plain Python numbers into a FwdParams, BwdParams or DecodeParams and
+// calls a kernel's launcher.
 // Built once per Python version with the host compiler; knows nothing of torch or of CUDA, so one
 // build of the kernels serves every Python and torch environment.
 #include <pybind11/pybind11.h>
@@ -54,7 +54,7 @@ auto binding(std::tuple<Fields&...> (*fields)(Params&)) {
   };
 }
 
-// Every member of FwdParams and BwdParams as a tuple of references, in params.h's order (the
+// Every member of FwdParams, BwdParams and DecodeParams as a tuple of references, in params.h's order (the
 // X-macro lists that codegen/params.py writes beside the structs), which is the order Python
 // passes them in (codegen.params.fwd_args, bwd_args).
 #define FLASHGEN_TIE(name) , std::tie(p.name)
@@ -64,6 +64,9 @@ auto fwd_members(flashgen::FwdParams& p) {
 auto bwd_members(flashgen::BwdParams& p) {
   return std::tuple_cat(std::tuple<>() FLASHGEN_BWDPARAMS_MEMBERS(FLASHGEN_TIE));
 }
+auto decode_members(flashgen::DecodeParams& p) {
+  return std::tuple_cat(std::tuple<>() FLASHGEN_DECODEPARAMS_MEMBERS(FLASHGEN_TIE));
+}
 #undef FLASHGEN_TIE
 
 }  // namespace
@@ -72,4 +75,5 @@ PYBIND11_MODULE(_flashgen_binding, m) {
   m.doc() = "flashgen's launcher binding (no torch, no CUDA headers)";
   m.def("fwd", binding(&fwd_members));
   m.def("bwd", binding(&bwd_members));
+  m.def("decode", binding(&decode_members));
 }

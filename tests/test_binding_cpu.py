@@ -1,5 +1,5 @@
-"""The pybind11 binding on a CPU: what forward.run and backward.run pass reaches the launcher in
-the right FwdParams / BwdParams members, every member from its own argument (no two sizes or
+"""The pybind11 binding on a CPU: what forward.run, backward.run and decode.decode pass reaches
+the launcher in the right FwdParams / BwdParams / DecodeParams members, every member from its own argument (no two sizes or
 strides are equal), and ctypes structures made from codegen/params.py's table match params.h.
 The launcher is a Python function behind a C function pointer that copies the params it gets; the
 binding is built with the host compiler (seconds)."""
@@ -25,7 +25,7 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 from codegen import build, params, paths  # noqa: E402
 from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
-from flashgen import backward, forward, launch, loader  # noqa: E402
+from flashgen import backward, decode, forward, launch, loader  # noqa: E402
 from flashgen.families import mma  # noqa: E402
 from flashgen.families.mma import schedule  # noqa: E402
 
@@ -42,6 +42,7 @@ def ctypes_structure(name: str, fields_) -> type:
 
 FwdParams = ctypes_structure("FwdParams", params.FWD_FIELDS)
 BwdParams = ctypes_structure("BwdParams", params.BWD_FIELDS)
+DecodeParams = ctypes_structure("DecodeParams", params.DECODE_FIELDS)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +134,8 @@ def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
     return declared
 
 
-@pytest.mark.parametrize("params_type", [FwdParams, BwdParams], ids=lambda t: t.__name__)
+@pytest.mark.parametrize("params_type", [FwdParams, BwdParams, DecodeParams],
+                         ids=lambda t: t.__name__)
 def test_the_ctypes_structures_mirror_params_h(params_type):
     text = (paths.INCLUDE_DIR / params.HEADER).read_text()
 
@@ -226,3 +228,41 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
         **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET),
         **BWD_GRID._asdict()}
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
+def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
+    """Append (k, v, rotary) and split: every DecodeParams member from its own argument; the
+    workspaces come from torch.empty in a fixed order."""
+    new_tokens, splits, page, rotary_half = 4, 11, 16, 16
+    cache_shape = (7, page, HEADS_KV, 64) if paged else (BATCH + 1, 40, HEADS_KV, 64)
+    q, k_new, v_new, k_cache, v_cache = distinct_strides(
+        Q_SHAPE, (BATCH, new_tokens, HEADS_KV, 64), (BATCH, new_tokens, HEADS_KV, 64),
+        cache_shape, cache_shape)
+    table = torch.zeros(BATCH, 8, dtype=torch.int32)[:, :3] if paged else None
+    capacity = 3 * page if paged else 40
+    cos, sin = torch.empty(capacity, rotary_half), torch.empty(capacity, rotary_half)
+    seqlens = torch.zeros(BATCH, dtype=torch.int32)
+    rows = None if paged else torch.zeros(BATCH, dtype=torch.int32)
+    launcher = RecordingLauncher(DecodeParams, spec=SimpleNamespace(tile=None))
+    monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
+    made = record_empty(monkeypatch)
+    out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, table,
+                             0.125, True, False, splits)
+    ((params, stream),) = launcher.launches
+    assert stream == 77
+    out_made, lse_made, o_accum, lse_accum, q_rot = made
+    assert out_made is out and lse_made is lse
+    assert o_accum.shape == (splits, BATCH, HEADS, SEQLEN_Q, 64)
+    assert lse_accum.shape == (splits, BATCH, HEADS, SEQLEN_Q) and q_rot.shape == q.shape
+    assert fields(params) == {
+        **tensor_fields(q=q, k=k_cache, v=v_cache, o=out, k_new=k_new, v_new=v_new, q_rot=q_rot),
+        **problem_fields(q, k_cache, 0.125, 0), "seqlen_k": capacity,
+        "softmax_lse": lse.data_ptr(), "num_splits": splits, "o_accum": o_accum.data_ptr(),
+        "lse_accum": lse_accum.data_ptr(), "cache_seqlens": seqlens.data_ptr(),
+        # ctypes reads a null pointer as None
+        "cache_batch_idx": None if paged else rows.data_ptr(),
+        "block_table": table.data_ptr() if paged else None,
+        "block_table_batch_stride": 8 if paged else 0, "page_size": page if paged else 0,
+        "seqlen_new": new_tokens, "rotary_cos": cos.data_ptr(), "rotary_sin": sin.data_ptr(),
+        "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0}

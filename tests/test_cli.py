@@ -24,11 +24,14 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG))  # counted in test_spec_render.py
     assert f"rendered {len(specs)} kernel(s)" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu"]
+    assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "decode_sample.cu",
+                                                                 "fwd_sample.cu"]
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
     assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
     assert manifest.count('"name": "bwd_mma_sm90_') == 24
+    # head dims 64 and 128 x 2 dtypes x 2 masks
+    assert manifest.count('"name": "decode_mma_sm90_') == 8
     # 5 head dims x 2 dtypes x 2 masks, and 2 causal short-sequence alt tiles x 2 dtypes
     assert manifest.count('"name": "fwd_hopper_sm90_') == 24
 
@@ -59,7 +62,8 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the alt tile
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
-    assert "16 kernel(s)" in out
+    assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
+    assert "20 kernel(s)" in out
 
 
 def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):

@@ -19,17 +19,19 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes x 2 masks;
-    # hopper: (5 head dims x 2 masks + 2 causal alt tiles) x 2 dtypes, forward on sm_90
-    assert len(specs) == (2 * 2 * 6 + 5) * 2 * 2 + (5 * 2 + 2) * 2
+    # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles + 2 archs x 2 decode head
+    # dims) x 2 dtypes x 2 masks; hopper: (5 head dims x 2 masks + 2 causal alt tiles) x 2
+    # dtypes, forward on sm_90
+    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2) * 2 * 2 + (5 * 2 + 2) * 2
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 24
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 8 + 24
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal"]
     assert sorted(s.name for s in chosen) == ["bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
@@ -45,13 +47,14 @@ def test_filters():
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    assert len(specs) == 2 * 2 * 6 * 2 * 2 + 5 * 2 * 2
+    assert len(specs) == (2 * 2 * 6 + 2 * 2) * 2 * 2 + 5 * 2 * 2
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
 
-@pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits")])
+@pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits"),
+                                          ("decode", "FwdTraits")])
 def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     spec = next(s for s in specs if s.kind == kind and s.family == "mma")
     text = render.render_spec(spec)
@@ -65,7 +68,8 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
-        "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/fwd_sample.cu"]
+        "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/decode_sample.cu",
+        "mma/fwd_sample.cu"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
     stale.parent.mkdir()

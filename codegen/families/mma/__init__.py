@@ -2,7 +2,9 @@
 
 Forward: one thread block per block_m query rows, K/V streaming through a ring of kv_stages
 cp.async buffers. Backward: one thread block per block_n keys, Q/dO streaming through q_stages
-buffers, dQ added to an fp32 workspace. Templates in templates/mma/, headers in
+buffers, dQ added to an fp32 workspace. Decode: attention over a KV cache (contiguous or paged),
+the query heads of a KV head packed into the tile's rows, the keys split over several blocks and
+combined; the forward's tile keys and traits. Templates in templates/mma/, headers in
 templates/include/flashgen/mma/; resources.py mirrors the headers' static_asserts.
 """
 
@@ -50,6 +52,8 @@ def template_context(spec) -> dict:
     if spec.kind == "fwd":
         return {"separate_masked_loop": resources.separates_masked_loop(
             spec.head_dim, t.block_m, t.block_n, t.warps)}
+    if spec.kind != "bwd":
+        return {}
     return {"dq_bulk_reduce": resources.stages_dq_for_bulk_add(spec.head_dim, t.block_m, t.block_n,
                                                                t.q_stages, ARCHS[spec.arch]),
             "mask_free_step": resources.has_mask_free_step(t.block_m, t.block_n, t.warps)}
@@ -66,6 +70,9 @@ FAMILY = Family(
         # head dim that has one.
         Kind("bwd", table="backward", tile=BwdTile, template="bwd_kernel.cu.j2",
              problems=_bwd_problems, required=False),
+        # Only the head dims whose table has a `.decode` subtable serve flash_attn_with_kvcache.
+        Kind("decode", table="decode", tile=FwdTile, template="decode_kernel.cu.j2",
+             problems=_fwd_problems, required=False),
     ),
     template_dir=TEMPLATES_DIR / "mma",
     template_context=template_context,

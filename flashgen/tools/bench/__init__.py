@@ -12,7 +12,8 @@ once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
 
 grid.py: what is measured and its FLOPs; timing.py: timing cells and a run's document;
 report.py: the document's schema, Markdown and plots; peak_memory.py: peak memory (--memory);
-overhead.py: host time per call (--overhead).
+overhead.py: host time per call (--overhead); serving.py: attention over a KV cache (--mode
+decode, --mode prefill).
 """
 
 from flashgen.tools.bench.grid import (DEFAULT_GRID, DEFAULT_MODES, IMPLEMENTATIONS,
@@ -20,8 +21,9 @@ from flashgen.tools.bench.grid import (DEFAULT_GRID, DEFAULT_MODES, IMPLEMENTATI
 from flashgen.tools.bench.overhead import overhead_us
 from flashgen.tools.bench.peak_memory import MEMORY_IMPLS, MEMORY_MODES, MEMORY_SEQLENS, memory
 from flashgen.tools.bench.report import plot, upgraded, write
+from flashgen.tools.bench.serving import SERVING_MODES
 from flashgen.tools.bench.timing import run
 
 __all__ = ["DEFAULT_GRID", "DEFAULT_MODES", "IMPLEMENTATIONS", "KNOWN_IMPLEMENTATIONS",
-           "MEMORY_IMPLS", "MEMORY_MODES", "MEMORY_SEQLENS", "MODES", "memory", "overhead_us",
-           "plot", "run", "upgraded", "write"]
+           "MEMORY_IMPLS", "MEMORY_MODES", "MEMORY_SEQLENS", "MODES", "SERVING_MODES", "memory",
+           "overhead_us", "plot", "run", "upgraded", "write"]

@@ -100,6 +100,60 @@ struct BwdParams : AttentionParams {
   int splits;
 };
 
+struct DecodeParams : AttentionParams {
+  // (batch, seqlen_q, heads, head_dim)
+  void* o;
+  int64_t o_batch_stride;
+  int64_t o_row_stride;
+  int64_t o_head_stride;
+  // (batch, heads, seqlen_q), contiguous, natural log
+  float* softmax_lse;
+  // blocks that share each (sequence, KV head)'s keys, each an equal share of its key blocks; above
+  // 1 they write o_accum and lse_accum and a second kernel combines them into o and softmax_lse
+  int num_splits;
+  // (num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: each split's normalised output
+  float* o_accum;
+  // (num_splits, batch, heads, seqlen_q) fp32 workspace: each split's lse (-inf where it saw no
+  // key)
+  float* lse_accum;
+  // (batch,): the keys in each sequence's cache before this call's new ones; nullptr: seqlen_k, the
+  // whole cache
+  const int* cache_seqlens;
+  // (batch,): the cache row of each sequence; nullptr: its own index
+  const int* cache_batch_idx;
+  // (batch, pages per sequence): a paged cache's page of each run of page_size keys; k and v are
+  // then (pages, page_size, heads_kv, head_dim). nullptr: a contiguous cache
+  const int* block_table;
+  int64_t block_table_batch_stride;
+  int page_size;
+  // (batch, seqlen_new, heads_kv, head_dim): keys to append at cache_seqlens (rotated when
+  // rotary_dim > 0) before attending; nullptr: none
+  const void* k_new;
+  int64_t k_new_batch_stride;
+  int64_t k_new_row_stride;
+  int64_t k_new_head_stride;
+  // (batch, seqlen_new, heads_kv, head_dim)
+  const void* v_new;
+  int64_t v_new_batch_stride;
+  int64_t v_new_row_stride;
+  int64_t v_new_head_stride;
+  // rows of k_new and v_new; attention covers cache_seqlens + seqlen_new keys
+  int seqlen_new;
+  // (batch, seqlen_q, heads, head_dim): q rotated, written by the append kernel and read by
+  // attention in place of q when rotary_dim > 0
+  void* q_rot;
+  int64_t q_rot_batch_stride;
+  int64_t q_rot_row_stride;
+  int64_t q_rot_head_stride;
+  // (rotary rows, rotary_dim / 2), contiguous, q's dtype
+  const void* rotary_cos;
+  const void* rotary_sin;
+  // columns rotated (even, at most head_dim); 0: no rotary embedding
+  int rotary_dim;
+  // 1: pairs (2i, 2i + 1) (GPT-J); 0: pairs (i, i + rotary_dim / 2) (GPT-NeoX)
+  int rotary_interleaved;
+};
+
 }  // namespace flashgen
 
 // Every member in order, the base's first, for the binding: X(name) once per member.
@@ -115,3 +169,10 @@ struct BwdParams : AttentionParams {
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
   X(softmax_lse) X(softmax_d) X(dq_accum) X(dkv_accum) X(sorted_tail_blocks) X(split_blocks) \
   X(splits)
+#define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
+  X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
+  X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \
+  X(page_size) X(k_new) X(k_new_batch_stride) X(k_new_row_stride) X(k_new_head_stride) X(v_new) \
+  X(v_new_batch_stride) X(v_new_row_stride) X(v_new_head_stride) X(seqlen_new) X(q_rot) \
+  X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) X(rotary_cos) X(rotary_sin) \
+  X(rotary_dim) X(rotary_interleaved)

@@ -1,0 +1,135 @@
+"""Attention over a KV cache on validated tensors: one launch of a compiled decode kernel (append
+and rotary, split-KV attention, combine), its split of the keys chosen here."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from codegen import params
+from codegen.arch import arch_for_capability
+from codegen.families.mma import resources
+from flashgen import dispatch, launch, loader, registry
+
+_LOG2_E = math.log2(math.e)
+# Splits below this many key blocks each spend more on their start and on the combine than they
+# gain in parallelism.
+MIN_KEY_BLOCKS_PER_SPLIT = 4
+MAX_SPLITS = 128
+
+
+def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
+    """How many blocks share each (query block, sequence, KV head)'s keys.
+
+    work_blocks: blocks without a split; key_blocks: key blocks of the longest sequence the cache
+    holds (its capacity: the lengths live on the device and are not read); slots: blocks the GPU
+    runs at once. Grids that already fill most slots run unsplit. Otherwise the count, up to one
+    wave's worth, whose waves fill the slots best (decode is bandwidth-bound: an SM running fewer blocks than the
+    others reads less), the fewest among equals, each split keeping at least
+    MIN_KEY_BLOCKS_PER_SPLIT key blocks."""
+    if work_blocks <= 0 or work_blocks >= 0.8 * slots:
+        return 1
+    # More than a wave's worth of splits buys no parallelism, only combine work.
+    most = max(1, min(MAX_SPLITS, key_blocks // MIN_KEY_BLOCKS_PER_SPLIT,
+                      -(-slots // work_blocks)))
+
+    def efficiency(splits: int) -> float:
+        waves = work_blocks * splits / slots
+        return waves / math.ceil(waves)
+
+    return max(range(1, most + 1), key=lambda s: (round(efficiency(s), 3), -s))
+
+
+def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+           cache_batch_idx, block_table, scale: float, causal: bool, rotary_interleaved: bool,
+           num_splits: int):
+    """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
+    inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
+    first (rotated when rotary_cos is given)."""
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not launch.is_aligned(t):
+            raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
+                             f"stride a multiple of 8 elements (it is written in place, so it "
+                             f"cannot be copied), got strides {t.stride()}")
+    # Here, not in the traced wrapper: alignment reads data pointers, which fake tensors lack.
+    if k_new is None:
+        (q,) = launch.aligned(q)
+    else:
+        q, k_new, v_new = launch.aligned(q, k_new, v_new)
+    batch, seqlen_q, heads, head_dim = q.shape
+    heads_kv = k_cache.shape[2]
+    paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+    dtype = "fp16" if q.dtype == torch.float16 else "bf16"
+    mask = "causal" if causal and seqlen_q > 1 else "none"
+    device_index = q.get_device()
+    launcher, slots = _plan(device_index, dtype, head_dim, mask)
+    spec = launcher.spec
+
+    # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    if out.numel() == 0:
+        return out, lse
+    if num_splits == 0:
+        packed_blocks = -(-seqlen_q * (heads // heads_kv) // spec.tile.block_m)
+        num_splits = choose_splits(batch * heads_kv * packed_blocks,
+                                   -(-capacity // spec.tile.block_n), slots)
+    o_accum = lse_accum = None
+    if num_splits > 1:
+        o_accum = torch.empty((num_splits, batch, heads, seqlen_q, head_dim),
+                              dtype=torch.float32, device=q.device)
+        lse_accum = torch.empty((num_splits, batch, heads, seqlen_q), dtype=torch.float32,
+                                device=q.device)
+    rotary = rotary_cos is not None
+    q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
+    args = params.decode_args(
+        q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
+        heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity, softmax_scale=scale,
+        scale_log2=scale * _LOG2_E, num_splits=num_splits,
+        o_accum=0 if o_accum is None else o_accum.data_ptr(),
+        lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
+        cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
+        cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
+        block_table=block_table.data_ptr() if paged else 0,
+        block_table_batch_stride=block_table.stride(0) if paged else 0,
+        page_size=k_cache.shape[1] if paged else 0,
+        k_new=k_new, v_new=v_new, seqlen_new=0 if k_new is None else k_new.shape[1],
+        q_rot=q_rot,
+        rotary_cos=rotary_cos.data_ptr() if rotary else 0,
+        rotary_sin=rotary_sin.data_ptr() if rotary else 0,
+        rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
+        rotary_interleaved=int(rotary_interleaved))
+    launch.call_on_device(loader.binding().decode, device_index,
+                          (launcher.address, launcher.error_string_address, *args))
+    return out, lse
+
+
+def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool,
+               seqlen_q: int):
+    """The decode kernel a call runs (the bench reports its tile)."""
+    mask = "causal" if causal and seqlen_q > 1 else "none"
+    return _plan(device.index, dtype, head_dim, mask)[0].spec
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(device_index: int, dtype: str, head_dim: int, mask: str):
+    """The decode launcher of this head dim (its own: a cache cannot be padded in place) and the
+    blocks of its tile the GPU runs at once."""
+    props = torch.cuda.get_device_properties(device_index)
+    arch = arch_for_capability(props.major, props.minor)
+    choice = registry.candidates(arch, "decode", dtype, head_dim, mask)[0]
+    if choice.pad_head_dim:
+        raise dispatch.DispatchError(
+            f"flashgen: flash_attn_with_kvcache has no kernel for head_dim {head_dim} on {arch} "
+            f"(a KV cache is written in place, so it cannot run padded on head dim "
+            f"{choice.spec.head_dim}); add a [mma.{arch}.head_dim.{head_dim}.decode] table to "
+            f"{registry.active_config().path} and run `flashgen generate --arch {arch}`")
+    tile = choice.spec.tile
+    smem = resources.smem_bytes(head_dim, tile.block_m, tile.block_n, tile.kv_stages)
+    # 1 KB of each SM's shared memory is reserved per resident block.
+    per_sm = max(1, min(props.shared_memory_per_multiprocessor // (smem + 1024),
+                        props.max_threads_per_multi_processor // (32 * tile.warps)))
+    return loader.launcher(choice.spec), per_sm * props.multi_processor_count

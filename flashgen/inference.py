@@ -1,0 +1,199 @@
+"""Serving: FlashAttention-2's flash_attn_with_kvcache (a KV cache, contiguous or paged with any
+page size, appended to in place, with rotary embeddings; split-KV decoding)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from flashgen import ops, validate
+
+DEBUG_CHECKS = "FLASHGEN_DEBUG_CHECKS"
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False):
+    """Attention of new queries over a KV cache, FlashAttention-2's interface.
+
+    q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache,
+    nheads_k, headdim), or with block_table (num_pages, page_size, nheads_k, headdim), any page
+    size; nheads a multiple of nheads_k. k, v (optional): (batch, seqlen_new, nheads_k, headdim),
+    written into the caches in place at positions cache_seqlens .. cache_seqlens + seqlen_new - 1
+    before attending (keys rotated when rotary_cos/rotary_sin are given). rotary_cos, rotary_sin:
+    (seqlen_ro, rotary_dim / 2) in q's dtype; rotary_interleaved pairs columns (2i, 2i + 1),
+    else (i, i + rotary_dim / 2). q is rotated at positions cache_seqlens + i when causal, else
+    all at cache_seqlens. cache_seqlens: int or (batch,) int32, the keys already cached (None:
+    the whole cache). cache_batch_idx: (batch,) int32, each sequence's row of a contiguous
+    cache. block_table: (batch, max_pages) int32. num_splits: 0 chooses how many blocks share
+    each sequence's keys, N forces N. The causal mask is aligned bottom-right. Returns out
+    (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out, softmax_lse), lse
+    (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe: nothing on the device
+    is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
+    """
+    validate.check_unsupported(cache_leftpad=(cache_leftpad, None),
+                               window_size=(tuple(window_size), (-1, -1)),
+                               softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
+    batch, seqlen_q, heads, head_dim = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    cache_rows, rows_per_page, heads_kv, cache_head_dim = k_cache.shape
+    if cache_head_dim != head_dim:
+        raise ValueError(f"flashgen: q's head dim {head_dim} and k_cache's {cache_head_dim} "
+                         f"differ")
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
+                         f"k_cache's heads ({heads_kv})")
+    capacity = _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, batch)
+    seqlen_new = _check_new(q, k, v, batch, heads_kv, head_dim)
+    rotary_cos, rotary_sin = _check_rotary(q, rotary_cos, rotary_sin, k, capacity, head_dim)
+    cache_seqlens = _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"flashgen: num_splits must be an int >= 0 (0: chosen per call), got "
+                         f"{num_splits!r}")
+    if num_splits > 65535:
+        raise ValueError(f"flashgen: num_splits={num_splits} is more than 65535")
+    scale = validate.check_scale(softmax_scale, head_dim)
+    if os.environ.get(DEBUG_CHECKS) == "1":
+        _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
+                             cache_rows, rows_per_page)
+    out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
+                                          cache_seqlens, cache_batch_idx, block_table, scale,
+                                          bool(causal), bool(rotary_interleaved), num_splits)
+    return (out, lse) if return_softmax_lse else out
+
+
+def _int32_vector(name: str, t, q, length: int, what: str):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashgen: {name} must be a torch.Tensor ({what}), got "
+                        f"{type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"flashgen: {name} must be int32, got {t.dtype}; pass "
+                        f"{name}.to(torch.int32)")
+    if t.device != q.device:
+        raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
+    if t.shape != (length,):
+        raise ValueError(f"flashgen: {name} must have shape ({length},) ({what}), got "
+                         f"{tuple(t.shape)}")
+    return t.contiguous()
+
+
+def _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, batch) -> int:
+    """The cache's capacity per sequence, in keys."""
+    if block_table is None:
+        if cache_batch_idx is None and cache_rows < batch:
+            raise ValueError(f"flashgen: k_cache has {cache_rows} rows for a batch of {batch}; "
+                             f"pass cache_batch_idx to choose rows")
+        if cache_batch_idx is not None:
+            _int32_vector("cache_batch_idx", cache_batch_idx, q, batch, "a cache row per sequence")
+        return rows_per_page
+    if cache_batch_idx is not None:
+        raise ValueError("flashgen: cache_batch_idx selects rows of a contiguous cache; with "
+                         "block_table the table itself says where each sequence's pages are")
+    if not isinstance(block_table, torch.Tensor):
+        raise TypeError(f"flashgen: block_table must be a torch.Tensor, got "
+                        f"{type(block_table).__name__}")
+    if block_table.dtype != torch.int32:
+        raise TypeError(f"flashgen: block_table must be int32, got {block_table.dtype}; pass "
+                        f"block_table.to(torch.int32)")
+    if block_table.device != q.device:
+        raise ValueError(f"flashgen: block_table is on {block_table.device}, q on {q.device}")
+    if block_table.dim() != 2 or block_table.shape[0] != batch:
+        raise ValueError(f"flashgen: block_table must be (batch={batch}, max_pages), got "
+                         f"{tuple(block_table.shape)}")
+    if block_table.stride(1) != 1 and block_table.shape[1] > 1:
+        raise ValueError("flashgen: block_table's rows must be contiguous; pass "
+                         "block_table.contiguous()")
+    if rows_per_page == 0:
+        raise ValueError("flashgen: a paged k_cache must have pages of at least one key")
+    return block_table.shape[1] * rows_per_page
+
+
+def _check_new(q, k, v, batch, heads_kv, head_dim) -> int:
+    if (k is None) != (v is None):
+        raise ValueError("flashgen: pass k and v together (the new keys and values), or neither")
+    if k is None:
+        return 0
+    validate.check_tensors(("q", "k", "v"), q, k, v)
+    if k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != (heads_kv, head_dim):
+        raise ValueError(f"flashgen: k and v must be (batch={batch}, seqlen_new, "
+                         f"nheads_k={heads_kv}, headdim={head_dim}), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
+    return k.shape[1]
+
+
+def _check_rotary(q, cos, sin, k, capacity, head_dim):
+    if cos is None and sin is None:
+        return None, None
+    if cos is None or sin is None:
+        raise ValueError("flashgen: pass rotary_cos and rotary_sin together")
+    if k is None:
+        raise ValueError("flashgen: rotary_cos/rotary_sin rotate the new keys k (and q): pass k "
+                         "and v with them, or rotate q yourself")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            raise ValueError(f"flashgen: {name} must be a 2-D tensor (seqlen_ro, rotary_dim / 2)")
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"flashgen: {name} must have q's dtype and device ({q.dtype}, "
+                            f"{q.device}), got {t.dtype}, {t.device}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"flashgen: rotary_cos {tuple(cos.shape)} and rotary_sin "
+                         f"{tuple(sin.shape)} must have one shape")
+    seqlen_ro, half = cos.shape
+    if half == 0 or 2 * half > head_dim:
+        raise ValueError(f"flashgen: rotary_dim = 2 * rotary_cos.shape[1] = {2 * half} must be "
+                         f"in 2..headdim ({head_dim})")
+    if seqlen_ro < capacity:
+        raise ValueError(f"flashgen: rotary_cos/rotary_sin have {seqlen_ro} positions, fewer "
+                         f"than the cache's {capacity}; they need a row for every position a key "
+                         f"can take")
+    return cos.contiguous(), sin.contiguous()
+
+
+def _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k):
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("flashgen: with new keys k and v, pass cache_seqlens: where in the "
+                             "cache they go")
+        return None
+    if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        if not 0 <= cache_seqlens <= capacity - seqlen_new:
+            raise ValueError(f"flashgen: cache_seqlens={cache_seqlens} plus {seqlen_new} new "
+                             f"keys does not fit the cache's {capacity} positions")
+        return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
+    return _int32_vector("cache_seqlens", cache_seqlens, q, batch, "the keys cached per sequence")
+
+
+def _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
+                         cache_rows, page_size) -> None:
+    """FLASHGEN_DEBUG_CHECKS=1: what lives on the device, read back (a sync; not in graphs).
+    Only the block-table entries a call reads are checked: engines mark unused ones (-1, say)."""
+    lengths = None
+    if cache_seqlens is not None:
+        low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
+        if low < 0 or high + seqlen_new > capacity:
+            raise ValueError(f"flashgen: cache_seqlens spans {low}..{high}; with {seqlen_new} "
+                             f"new keys each must lie in 0..{capacity - seqlen_new} (the cache "
+                             f"holds {capacity} positions)")
+        lengths = cache_seqlens.long() + seqlen_new
+    if cache_batch_idx is not None and cache_batch_idx.numel():
+        low, high = int(cache_batch_idx.min()), int(cache_batch_idx.max())
+        if low < 0 or high >= cache_rows:
+            raise ValueError(f"flashgen: cache_batch_idx holds {low}..{high}, outside the "
+                             f"cache's {cache_rows} rows")
+    if block_table is not None and block_table.numel():
+        pages = torch.arange(block_table.shape[1], device=block_table.device)
+        used = (block_table.new_ones(block_table.shape, dtype=torch.bool) if lengths is None
+                else pages[None, :] * page_size < lengths[:, None])
+        bad = used & ((block_table < 0) | (block_table >= cache_rows))
+        if bool(bad.any()):
+            row, page = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"flashgen: block_table[{row}, {page}] = "
+                             f"{int(block_table[row, page])} is not a page of k_cache (it has "
+                             f"{cache_rows})")

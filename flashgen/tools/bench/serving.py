@@ -1,0 +1,256 @@
+"""`flashgen bench --mode decode` and `--mode prefill`: attention over a KV cache, flashgen's
+flash_attn_with_kvcache against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION (enable_gqa=True) on
+the same inputs, in one process.
+
+decode: new tokens 1 and 4 read a cache of 1k-128k keys, contiguous and paged (pages 16 and 64
+in a shuffled block table over the same memory, so every implementation reads the same bytes;
+the peers read it as contiguous). All attend to the whole cache (no mask: with 1-4 queries a
+causal mask hides at most 3 keys, and SDPA's is_causal aligns top-left, which is not decoding's
+mask). Each cell reports time and the fraction of the measured device copy rate that the cell's
+K + V bytes over its time make. prefill (chunked): 512 or 2048 new queries over a cache of
+8k-128k keys with the bottom-right causal mask (SDPA: causal_lower_right).
+
+Every implementation's call is captured in a CUDA graph and the replays are timed (medians of
+CUDA events): serving engines run decode steps that way, and it times the GPU's work rather than
+the host's (a small cell's eager call is host-bound; bench --overhead times the host). Caches
+under the 50 MB L2 stay in it between replays, so small cells show bandwidths above the copy
+rate, for every implementation alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from flashgen.tools.bench.timing import environment, time_ms
+
+SERVING_MODES = ("decode", "prefill")
+PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+DECODE_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (128, 64), "heads": ((32, 8), (32, 32)),
+               "batches": (1, 8, 32, 128), "cache_lengths": (1024, 8192, 32768, 131072),
+               "new_tokens": (1, 4), "page_sizes": (0, 16, 64)}
+PREFILL_GRID = {"dtypes": ("bf16",), "head_dims": (128,), "heads": ((32, 8),), "batches": (1,),
+                "cache_lengths": (8192, 32768, 131072), "new_tokens": (512, 2048),
+                "page_sizes": (0,)}
+MAX_CACHE_BYTES = 40 << 30  # cells whose K + V exceed this are skipped
+LARGE_CACHE_BYTES = 256 << 20  # the bandwidth target applies above this
+
+
+def copy_rate() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy (read + written)."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), [()], warmup=3, repeats=10)
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+def cells(grid: dict):
+    for dtype, head_dim, (heads, heads_kv), batch, length, new, page in itertools.product(
+            grid["dtypes"], grid["head_dims"], grid["heads"], grid["batches"],
+            grid["cache_lengths"], grid["new_tokens"], grid["page_sizes"]):
+        kv_bytes = 2 * batch * length * heads_kv * head_dim * 2
+        if kv_bytes <= MAX_CACHE_BYTES:
+            yield dict(dtype=dtype, head_dim=head_dim, heads=heads, heads_kv=heads_kv,
+                       batch=batch, cache_length=length, new_tokens=new, page_size=page,
+                       kv_bytes=kv_bytes)
+
+
+def _inputs(cell: dict):
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cell["dtype"]]
+    b, length, new = cell["batch"], cell["cache_length"], cell["new_tokens"]
+    q = torch.randn(b, new, cell["heads"], cell["head_dim"], device="cuda", dtype=dtype)
+    k, v = (torch.randn(b, length, cell["heads_kv"], cell["head_dim"], device="cuda",
+                        dtype=dtype) for _ in range(2))
+    table = None
+    page = cell["page_size"]
+    if page:
+        per_seq = length // page
+        # each sequence's own pages, shuffled: the same keys, in pages scattered over its region
+        table = (torch.argsort(torch.rand(b, per_seq, device="cuda"), dim=1)
+                 + per_seq * torch.arange(b, device="cuda")[:, None]).to(torch.int32)
+    return q, k, v, table
+
+
+def _flashgen(cell, q, k, v, table, causal):
+    from flashgen import flash_attn_with_kvcache
+
+    length = cell["cache_length"]
+    seqlens = torch_full(q.shape[0], length, q.device)
+    if table is not None:
+        page = cell["page_size"]
+        k = k.view(-1, page, *k.shape[2:])
+        v = v.view(-1, page, *v.shape[2:])
+    return lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
+                                           causal=causal)
+
+
+def torch_full(batch, value, device):
+    import torch
+
+    return torch.full((batch,), value, dtype=torch.int32, device=device)
+
+
+def _peer(name, q, k, v, causal):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    mask = causal_lower_right(q.shape[1], k.shape[1]) if causal else None
+    backend = getattr(SDPBackend, name)
+
+    def call():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, enable_gqa=True)
+    return call
+
+
+def _graphed(fn):
+    """Replays of fn's launches captured in a CUDA graph (after two warm-up calls)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def measure(cell: dict, causal: bool, rate: float) -> dict:
+    import torch
+
+    q, k, v, table = _inputs(cell)
+    row = dict(cell)
+    impls = {"flashgen": _flashgen(cell, q, k, v, table, causal)}
+    if not cell["page_size"]:
+        impls.update({name: _peer(name, q, k, v, causal) for name in PEERS})
+    for name, fn in impls.items():
+        try:
+            ms = time_ms(_graphed(fn), [()], warmup=3, repeats=20)
+        except RuntimeError as e:  # no kernel for this shape, out of memory
+            row[name] = {"error": str(e).splitlines()[0][:200]}
+            continue
+        row[name] = {"us": ms * 1e3, "bandwidth": cell["kv_bytes"] / (ms * 1e-3) / rate}
+    del q, k, v, table
+    torch.cuda.empty_cache()
+    return row
+
+
+def run(mode: str, grid: dict | None = None, log=print) -> dict:
+    """Every cell of the mode's grid (decode: paged cells time flashgen alone; the table puts
+    them beside the contiguous cell's peers)."""
+    grid = grid or (DECODE_GRID if mode == "decode" else PREFILL_GRID)
+    rate = copy_rate()
+    log(f"copy rate {rate / 1e12:.2f} TB/s")
+    rows = []
+    for cell in cells(grid):
+        row = measure(cell, causal=mode == "prefill", rate=rate)
+        rows.append(row)
+        log(_line(row))
+    return {"mode": mode, "copy_rate": rate, "environment": environment(), "grid": grid,
+            "rows": rows}
+
+
+def _us(entry) -> float | None:
+    return entry.get("us") if isinstance(entry, dict) else None
+
+
+def _line(row) -> str:
+    parts = [f"{row['dtype']} hd{row['head_dim']} h{row['heads']}/{row['heads_kv']} "
+             f"b{row['batch']} L{row['cache_length']} new{row['new_tokens']} "
+             f"page{row['page_size']}"]
+    for name in ("flashgen", *PEERS):
+        entry = row.get(name)
+        if entry is None:
+            continue
+        us = _us(entry)
+        parts.append(f"{name} " + (f"{us:.1f} us {entry['bandwidth']:.0%}" if us is not None
+                                   else entry["error"]))
+    return "  ".join(parts)
+
+
+def summary(result: dict) -> dict:
+    """Ratios of flashgen to the faster peer (contiguous cell's peers for paged cells), the
+    bandwidth of large cells, 4 new tokens against 1 and page 16 against contiguous."""
+    rows = result["rows"]
+    key = lambda r, **change: tuple({**r, **change}[k] for k in (  # noqa: E731
+        "dtype", "head_dim", "heads", "heads_kv", "batch", "cache_length", "new_tokens",
+        "page_size"))
+    by_key = {key(r): r for r in rows}
+    ratios, large, new_vs_one, page_vs_dense = [], [], [], []
+    for r in rows:
+        ours = _us(r["flashgen"])
+        if ours is None:
+            continue
+        dense = by_key.get(key(r, page_size=0), r)
+        peers = [u for u in (_us(dense.get(p, {})) for p in PEERS) if u is not None]
+        if peers:
+            ratios.append(min(peers) / ours)
+        if r["kv_bytes"] > LARGE_CACHE_BYTES:
+            large.append(r["flashgen"]["bandwidth"])
+        if r["new_tokens"] != 1 and key(r, new_tokens=1) in by_key:
+            one = _us(by_key[key(r, new_tokens=1)]["flashgen"])
+            if one:
+                new_vs_one.append(ours / one)
+        if r["page_size"] == 16 and _us(dense["flashgen"]):
+            page_vs_dense.append(ours / _us(dense["flashgen"]))
+
+    def stats(values):
+        return ({"min": min(values), "median": statistics.median(values), "max": max(values),
+                 "n": len(values)} if values else None)
+    return {"vs_faster_peer": stats(ratios), "large_cache_bandwidth": stats(large),
+            "new_tokens_time_vs_one": stats(new_vs_one), "page16_time_vs_dense":
+            stats(page_vs_dense)}
+
+
+def markdown(result: dict, command: str) -> str:
+    lines = [f"# flashgen bench --mode {result['mode']}", "", f"Command: `{command}`", "",
+             f"Device copy rate: {result['copy_rate'] / 1e12:.2f} TB/s. Environment: "
+             f"`{json.dumps(result['environment'])}`", ""]
+    s = summary(result)
+    for name, values in s.items():
+        if values:
+            lines.append(f"- {name}: median {values['median']:.3f}, min {values['min']:.3f}, "
+                         f"max {values['max']:.3f} over {values['n']} cells")
+    lines += ["", "| dtype | hd | heads | batch | cache | new | page | flashgen us (bw) | "
+              "FA2 us (bw) | cuDNN us (bw) | vs faster peer |", "|" + "---|" * 11]
+    rows = result["rows"]
+    dense = {tuple(r[k] for k in ("dtype", "head_dim", "heads", "heads_kv", "batch",
+                                  "cache_length", "new_tokens")): r
+             for r in rows if not r["page_size"]}
+
+    def cell(entry):
+        us = _us(entry) if entry else None
+        return f"{us:.1f} ({entry['bandwidth']:.0%})" if us is not None else "-"
+    for r in rows:
+        d = dense.get(tuple(r[k] for k in ("dtype", "head_dim", "heads", "heads_kv", "batch",
+                                           "cache_length", "new_tokens")), r)
+        peers = [u for u in (_us(d.get(p)) for p in PEERS) if u is not None]
+        ours = _us(r["flashgen"])
+        ratio = f"{min(peers) / ours:.2f}" if peers and ours else "-"
+        lines.append(f"| {r['dtype']} | {r['head_dim']} | {r['heads']}/{r['heads_kv']} | "
+                     f"{r['batch']} | {r['cache_length']} | {r['new_tokens']} | "
+                     f"{r['page_size'] or '-'} | {cell(r['flashgen'])} | "
+                     f"{cell(d.get('FLASH_ATTENTION'))} | {cell(d.get('CUDNN_ATTENTION'))} | "
+                     f"{ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out: Path, command: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = out / "results.json"
+    md_path = out / "results.md"
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    md_path.write_text(markdown(result, command))
+    return [json_path, md_path]

@@ -1,0 +1,264 @@
+// Attention over a KV cache (flash-decoding) on mma.sync: one thread block per (block of packed
+// query rows, split of the keys, sequence and KV head).
+//
+// The query heads that share a KV head and the new tokens form the M rows of one tile (packed row
+// r = token * group + head within the group), so each K/V byte crosses the bus once per tile
+// however many query heads read it. The keys, up to the last one the tile's rows see, are cut
+// into num_splits equal runs of key blocks, one per block: a batch of one short sequence still
+// fills the GPU. Each key row's address comes from the cache layout (KvCacheRows): a contiguous
+// cache, or a paged one of any page size.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashgen/common/kv_cache.cuh"
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/mma/accumulator.cuh"
+#include "flashgen/mma/fwd_traits.cuh"
+#include "flashgen/mma/gemm.cuh"
+#include "flashgen/mma/softmax.cuh"
+
+namespace flashgen {
+
+using namespace cute;
+
+// 16 bytes global -> shared, or 16 zero bytes when !valid (src is then not read).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+
+// Mask: a policy of common/mask.cuh, applied to each packed row's token.
+template <class Traits, class Mask>
+__global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodeParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kHeadDimPadded = Traits::kHeadDimPadded;
+  constexpr int kKvStages = Traits::kKvStages;
+  constexpr int kRowsPerWarp = kBlockM / Traits::kWarps;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDimPadded>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDimPadded>>;
+
+  extern __shared__ char smem[];
+  const int tid = threadIdx.x;
+  const int m_block = blockIdx.x;
+  const int split = blockIdx.y;
+  const int batch = blockIdx.z / p.heads_kv;
+  const int head_kv = blockIdx.z % p.heads_kv;
+  const int group = p.heads / p.heads_kv;
+  const int packed_rows = p.seqlen_q * group;
+  const int row0 = m_block * kBlockM;  // this block's first packed row
+
+  const KvCacheRows cache(p, batch, head_kv);
+  // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
+  const Mask mask(cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  const int first_token = row0 / group;
+  const int last_token = (min(packed_rows, row0 + kBlockM) - 1) / group;
+
+  // This split's key blocks: an equal share of those the block's last token sees, newest first.
+  const int n_end = mask.template key_block_end<kBlockN>(last_token);
+  const int per_split = (n_end + p.num_splits - 1) / p.num_splits;
+  const int n_begin = min(n_end, split * per_split);
+  const int n_stop = min(n_end, n_begin + per_split);
+  const int n_tiles = n_stop - n_begin;
+
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
+                          typename Traits::SmemLayoutQ{});                  // (BLK_M, HDP)
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});  // (BLK_N, HDP, S)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});          // (HDP, BLK_N, S)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});           // (BLK_M, HDP)
+
+  // Each thread's 16-byte chunks of a tile and their (row, col), for the per-row addresses.
+  typename Traits::GmemTiledCopyQKV gmem_copy;
+  auto gmem_thr = gmem_copy.get_thread_slice(tid);
+  Tensor tQsQ = gmem_thr.partition_D(sQ);                                  // (CPY, CPY_M, CPY_K)
+  Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));
+  Tensor tKsK = gmem_thr.partition_D(sK);                                  // (CPY, CPY_N, CPY_K, S)
+  Tensor tVsV = gmem_thr.partition_D(sV);
+  Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));    // (CPY, CPY_N, CPY_K)
+
+  // Q: packed row -> (token, head); rows past the last are zero.
+  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tQsQ); ++m) {
+    const int row = row0 + get<0>(tQcQ(0, m, 0));
+    const bool row_ok = row < packed_rows;
+    const Element* src =
+        q + (row / group) * p.q_row_stride + (head_kv * group + row % group) * p.q_head_stride;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tQsQ); ++k) {
+      const int col = get<1>(tQcQ(0, m, k));
+      const bool ok = row_ok && col < kHeadDim;
+      cp_async_16(&tQsQ(0, m, k), ok ? src + col : q, ok);
+    }
+  }
+
+  // Where this thread's rows of a key block are. A paged cache's lookups run one tile ahead of
+  // the copies that use them (locate, then load_kv a loop step later), so the copies never wait
+  // on the block table.
+  constexpr int kRowsPerThread = decltype(size<1>(tKsK))::value;
+  KvCacheRows::Offsets rows_at[kRowsPerThread];
+  auto locate = [&](int n_block) {
+    CUTE_UNROLL
+    for (int m = 0; m < kRowsPerThread; ++m) {
+      const int key = n_block * kBlockN + get<0>(tKVcKV(0, m, 0));
+      rows_at[m] = key < cache.seqlen_k ? cache.offsets(key) : KvCacheRows::Offsets{-1, -1};
+    }
+  };
+  const Element* k_cache = static_cast<const Element*>(p.k);
+  const Element* v_cache = static_cast<const Element*>(p.v);
+  auto load_kv = [&](int stage) {
+    CUTE_UNROLL
+    for (int m = 0; m < kRowsPerThread; ++m) {
+      const bool row_ok = rows_at[m].k >= 0;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tKsK); ++k) {
+        const int col = get<1>(tKVcKV(0, m, k));
+        const bool ok = row_ok && col < kHeadDim;
+        cp_async_16(&tKsK(0, m, k, stage), k_cache + (ok ? rows_at[m].k + col : 0), ok);
+        cp_async_16(&tVsV(0, m, k, stage), v_cache + (ok ? rows_at[m].v + col : 0), ok);
+      }
+    }
+  };
+
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);
+  Tensor tSrK = thr_mma.partition_fragment_B(sK(_, _, 0));
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt(_, _, 0));
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  Tensor tSsQ = smem_copy_q.get_thread_slice(tid).partition_S(sQ);
+  Tensor tSsK = smem_copy_k.get_thread_slice(tid).partition_S(sK);
+  Tensor tOsVt = smem_copy_v.get_thread_slice(tid).partition_S(sVt);
+
+  // Q rides with the first tile's commit group; empty groups keep the count uniform.
+  CUTE_UNROLL
+  for (int stage = 0; stage < kKvStages - 1; ++stage) {
+    if (stage < n_tiles) {
+      locate(n_stop - 1 - stage);
+      load_kv(stage);
+    }
+    cp_async_fence();
+  }
+  if (kKvStages - 1 < n_tiles) locate(n_stop - kKvStages);
+
+  OnlineSoftmax<decltype(size<0>(rowcol_layout(acc_o.layout())))::value> softmax;
+  // Warps whose rows all lie past the packed rows only help load; a warp whose last token
+  // comes before a tile's first visible key skips that tile.
+  const int warp_row0 = row0 + (tid / 32) * kRowsPerWarp;
+  const bool warp_has_rows = warp_row0 < packed_rows;
+  const int warp_last_token = (min(packed_rows, warp_row0 + kRowsPerWarp) - 1) / group;
+  int smem_pipe_read = 0;
+  int smem_pipe_write = kKvStages - 1;
+
+  CUTE_NO_UNROLL
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int n_block = n_stop - 1 - tile;
+    cp_async_wait<kKvStages - 2>();
+    __syncthreads();
+    if (tile + kKvStages - 1 < n_tiles) {
+      load_kv(smem_pipe_write);
+      if (tile + kKvStages < n_tiles) locate(n_block - kKvStages);
+    }
+    cp_async_fence();
+
+    if (warp_has_rows && mask.sees_from(warp_last_token, n_block * kBlockN)) {
+      Tensor acc_s = partition_fragment_C(tiled_mma, Shape<Int<kBlockM>, Int<kBlockN>>{});
+      clear(acc_s);
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
+              smem_copy_k);
+      // Visibility is monotone in the key, so a tile whose last key the first token sees needs
+      // no mask.
+      if (!mask.visible(first_token, (n_block + 1) * kBlockN - 1)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          const int token = (row0 + get<0>(tScS(i))) / group;
+          if (!mask.visible(token, n_block * kBlockN + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+        }
+      }
+      softmax.update(acc_s, acc_o, p.scale_log2);
+      Tensor p_regs = make_tensor_like<Element>(acc_s);
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
+      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
+      gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, smem_pipe_read), smem_copy_v);
+    }
+    smem_pipe_write = smem_pipe_read;
+    smem_pipe_read = smem_pipe_read + 1 == kKvStages ? 0 : smem_pipe_read + 1;
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+
+  softmax.finalize(acc_o, p.softmax_scale);
+  Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
+  Tensor coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));  // (rows, cols)
+  // Row (token, head)'s index in the (batch, heads, seqlen_q) statistics.
+  auto stats_row = [&](int row) {
+    return (int64_t(batch) * p.heads + head_kv * group + row % group) * p.seqlen_q + row / group;
+  };
+
+  if (p.num_splits > 1) {
+    // fp32 partials straight from the accumulators; the combine kernel reads them once.
+    const int64_t split_offset = int64_t(split) * p.batch * p.heads * p.seqlen_q;
+    Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(o); ++r) {
+      const int row = row0 + get<0>(coords(r, 0));
+      if (row >= packed_rows) continue;
+      const int64_t stats = split_offset + stats_row(row);
+      if (tid % 4 == 0) p.lse_accum[stats] = softmax.row_max[r];
+      float* out = p.o_accum + stats * kHeadDim;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(o); ++c) {
+        const int col = get<1>(coords(r, c));
+        if (col < kHeadDim) out[col] = o(r, c);
+      }
+    }
+    return;
+  }
+
+  if (tid % 4 == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(coords); ++r) {
+      const int row = row0 + get<0>(coords(r, 0));
+      if (row < packed_rows) p.softmax_lse[stats_row(row)] = softmax.row_max[r];
+    }
+  }
+  // Staged through shared memory (Q's), then 16-byte stores to each row's (token, head).
+  Tensor o_regs = make_tensor_like<Element>(acc_o);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) o_regs(i) = Element(acc_o(i));
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto thr_copy_o = smem_copy_o.get_thread_slice(tid);
+  copy(smem_copy_o, thr_copy_o.retile_S(o_regs), thr_copy_o.partition_D(sO));
+  __syncthreads();
+  Tensor tOsO = gmem_thr.partition_D(sO);
+  Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride;
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOsO); ++m) {
+    const int row = row0 + get<0>(tQcQ(0, m, 0));
+    if (row >= packed_rows) continue;
+    Element* dst =
+        out + (row / group) * p.o_row_stride + (head_kv * group + row % group) * p.o_head_stride;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOsO); ++k) {
+      const int col = get<1>(tQcQ(0, m, k));
+      if (col < kHeadDim) {
+        *reinterpret_cast<uint4*>(dst + col) = *reinterpret_cast<const uint4*>(&tOsO(0, m, k));
+      }
+    }
+  }
+}
+
+}  // namespace flashgen
