@@ -55,6 +55,12 @@ ATTENTION_FIELDS = (
     Field("mask_offset", "int", "Causal mask: query row i sees key j iff j <= i + mask_offset. "
           "seqlen_k - seqlen_q aligns it to the bottom-right corner (FlashAttention), 0 to the "
           "top-left (PyTorch SDPA)", default=0),
+    Field("cu_seqlens_q", "const int*", "(batch + 1,): a variable-length batch's sequence starts "
+          "in packed (1, total rows, heads, head_dim) tensors, then the total; seqlen_q and "
+          "seqlen_k are then the longest lengths, each sequence's causal mask aligns bottom-right "
+          "and per-row statistics are (heads, total rows). nullptr: equal lengths", default=0),
+    Field("cu_seqlens_k", "const int*", "(batch + 1,): the keys' starts, with cu_seqlens_q",
+          default=0),
 )
 
 FWD_FIELDS = (

@@ -6,12 +6,12 @@ Importing the package is cheap; torch is imported when a function is first used.
 """
 
 __version__ = "0.1.0"
-__all__ = ["flash_attn_func", "scaled_dot_product_attention", "flash_attn_with_kvcache",
-           "merge_attention_states", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention",
+           "flash_attn_with_kvcache", "merge_attention_states", "__version__"]
 
 
 def __getattr__(name):
-    if name in ("flash_attn_func", "scaled_dot_product_attention"):
+    if name in ("flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention"):
         from flashgen import interface
 
         return getattr(interface, name)

@@ -13,7 +13,8 @@ from flashgen import families, launch, loader, registry
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_offset: int,
-             deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None):
+             deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None,
+             max_seqlen_q=0, max_seqlen_k=0):
     """dq, dk, dv with the shapes of q, k, v.
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
@@ -21,10 +22,10 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
     mask and mask_offset as in the forward. deterministic=True gives bit-identical gradients
     across runs. The gradients are allocated as the forward's output is (launch.empty_output):
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
-    (batch, seq, heads, dim) shapes.
+    (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
     """
-    if not (cu_seqlens_q is None and cu_seqlens_k is None):
-        raise NotImplementedError("flashgen: variable-length batches are not implemented yet")
+    varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k)
     grads = tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
@@ -36,7 +37,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
     else:
         inputs = launch.aligned(q, k, v, out, dout)
         work = grads
-    run(launcher, *inputs, lse.contiguous(), *work, scale, mask_offset, deterministic)
+    run(launcher, *inputs, lse.contiguous(), *work, scale, mask_offset, deterministic, varlen)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
@@ -44,12 +45,13 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
 
 
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
-        mask_offset: int, deterministic: bool) -> None:
+        mask_offset: int, deterministic: bool, varlen: tuple = ()) -> None:
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views; its family
-    decides its grids and workspaces."""
+    decides its grids and workspaces. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views."""
     spec = launcher.spec
     args, scratch = families.runtime(spec.family).backward_args(
-        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, mask_offset, deterministic)
+        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, mask_offset, deterministic, varlen)
     launch.call_on_device(loader.binding().bwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
     del scratch  # queued: the caching allocator reuses it in stream order

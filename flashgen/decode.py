@@ -17,6 +17,9 @@ _LOG2_E = math.log2(math.e)
 # Splits below this many key blocks each spend more on their start and on the combine than they
 # gain in parallelism.
 MIN_KEY_BLOCKS_PER_SPLIT = 4
+# Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
+# run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
+PREFILL_ROWS = 256
 MAX_SPLITS = 128
 
 
@@ -65,7 +68,8 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     dtype = "fp16" if q.dtype == torch.float16 else "bf16"
     mask = "causal" if causal and seqlen_q > 1 else "none"
     device_index = q.get_device()
-    launcher, slots = _plan(device_index, dtype, head_dim, mask)
+    packed_rows = seqlen_q * (heads // heads_kv)
+    launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS)
     spec = launcher.spec
 
     # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
@@ -74,7 +78,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     if out.numel() == 0:
         return out, lse
     if num_splits == 0:
-        packed_blocks = -(-seqlen_q * (heads // heads_kv) // spec.tile.block_m)
+        packed_blocks = -(-packed_rows // spec.tile.block_m)
         num_splits = choose_splits(batch * heads_kv * packed_blocks,
                                    -(-capacity // spec.tile.block_n), slots)
     o_accum = lse_accum = None
@@ -107,20 +111,22 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     return out, lse
 
 
-def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool,
-               seqlen_q: int):
+def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
+               group: int = 1):
     """The decode kernel a call runs (the bench reports its tile)."""
     mask = "causal" if causal and seqlen_q > 1 else "none"
-    return _plan(device.index, dtype, head_dim, mask)[0].spec
+    return _plan(device.index, dtype, head_dim, mask, seqlen_q * group >= PREFILL_ROWS)[0].spec
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(device_index: int, dtype: str, head_dim: int, mask: str):
-    """The decode launcher of this head dim (its own: a cache cannot be padded in place) and the
-    blocks of its tile the GPU runs at once."""
+def _plan(device_index: int, dtype: str, head_dim: int, mask: str, prefill: bool = False):
+    """The decode launcher of this head dim (its own: a cache cannot be padded in place), its
+    first alt tile for prefill-sized calls where the config has one, and the blocks of its tile
+    the GPU runs at once."""
     props = torch.cuda.get_device_properties(device_index)
     arch = arch_for_capability(props.major, props.minor)
-    choice = registry.candidates(arch, "decode", dtype, head_dim, mask)[0]
+    choices = registry.candidates(arch, "decode", dtype, head_dim, mask)
+    choice = choices[1] if prefill and len(choices) > 1 else choices[0]
     if choice.pad_head_dim:
         raise dispatch.DispatchError(
             f"flashgen: flash_attn_with_kvcache has no kernel for head_dim {head_dim} on {arch} "

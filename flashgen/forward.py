@@ -19,23 +19,29 @@ _LOG2_E = math.log2(math.e)
 
 
 def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, heads_first: bool,
-            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None):
+            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
+            max_seqlen_q=0, max_seqlen_k=0):
     """out (q's shape and dtype, laid out by launch.empty_output) and lse (batch, heads,
     seqlen_q) fp32.
 
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
-    j <= i + mask_offset. The variable-length and paged-cache arguments are the op schema's room
-    for the inference kernels; none is implemented yet.
+    j <= i + mask_offset. With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
+    variable-length batch packed as (1, total, heads, dim), its longest sequences max_seqlen_q and
+    max_seqlen_k, each sequence's causal mask aligned bottom-right; lse is then (1, heads,
+    total_q). seqused_k and page_table are the op schema's room for layouts not implemented here.
     """
-    if not (cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None
-            and page_table is None):
-        raise NotImplementedError("flashgen: variable-length batches and paged KV caches are not "
-                                  "implemented yet")
+    if seqused_k is not None or page_table is not None:
+        raise NotImplementedError("flashgen: seqused_k and page_table are not implemented in "
+                                  "flash_attn_func's kernels; flash_attn_with_kvcache takes a "
+                                  "paged cache")
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
-    launcher, padded_head_dim, fields, tma_inputs = _plan(q.get_device(), dtype, head_dim, mask,
-                                                          batch * heads, seqlen_q)
+    varlen = cu_seqlens_q is not None
+    sequences = (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k) if varlen else None
+    launcher, padded_head_dim, fields, tma_inputs = _plan(
+        q.get_device(), dtype, head_dim, mask, batch * heads if not varlen else
+        sequences[0] * heads, seqlen_q if not varlen else max_seqlen_q, varlen)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -52,7 +58,12 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
         o = out
 
-    run(launcher, q, k, v, o, lse, scale, mask_offset, fields)
+    varlen_fields = {}
+    if varlen:
+        varlen_fields = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
+                             cu_seqlens_k=cu_seqlens_k.data_ptr(), batch=sequences[0],
+                             seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k)
+    run(launcher, q, k, v, o, lse, scale, mask_offset, {**fields, **varlen_fields})
     if o is not out:
         out.copy_(o[..., :head_dim])
     return out, lse
@@ -70,7 +81,8 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
 def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: int,
         fields: dict) -> None:
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
-    tensors' device and its current stream; fields: its family's own FwdParams fields."""
+    tensors' device and its current stream; fields: its family's own FwdParams fields, and a
+    variable-length batch's (cu_seqlens_*, and batch and seqlens in place of the views')."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     spec = launcher.spec
@@ -78,19 +90,21 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: i
     # caching allocator reuses it in stream order.
     counter = (torch.empty(1, dtype=torch.int32, device=q.device)
                if spec.family_record.tile_counter and MASKS[spec.mask].hides_keys else None)
-    args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), batch=batch,
-                           heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                           softmax_scale=scale, scale_log2=scale * _LOG2_E,
+    sizes = dict(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    sizes.update((key, fields.pop(key)) for key in tuple(sizes) if key in fields)
+    args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), heads=heads,
+                           heads_kv=heads_kv, softmax_scale=scale, scale_log2=scale * _LOG2_E,
                            mask_offset=mask_offset,
-                           tile_counter=0 if counter is None else counter.data_ptr(), **fields)
+                           tile_counter=0 if counter is None else counter.data_ptr(), **sizes,
+                           **fields)
     launch.call_on_device(loader.binding().fwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch_heads: int,
-               seqlen_q: int) -> KernelSpec:
+               seqlen_q: int, varlen: bool = False) -> KernelSpec:
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
-    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q)[0].spec
+    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, varlen)[0].spec
 
 
 def clear_plans() -> None:
@@ -100,13 +114,24 @@ def clear_plans() -> None:
     _candidates.cache_clear()
 
 
+# The families whose forward kernels read variable-length batches (common/seqinfo.cuh); the
+# hopper family's TMA descriptors cover whole dense tensors.
+VARLEN_FAMILIES = ("mma",)
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-          seqlen_q: int) -> tuple[loader.Launcher, int | None, dict, bool]:
+          seqlen_q: int, varlen: bool = False) -> tuple[loader.Launcher, int | None, dict, bool]:
     """The launcher for a call of this shape, the head dim to zero-pad to (None: no padding), its
     family's FwdParams fields and whether its kernels load the inputs by TMA (launch.aligned).
     Cached: the first call of a shape decides, later ones pay one lookup."""
     choices = _candidates(device_index, dtype, head_dim, mask)
+    if varlen:
+        choices = tuple(c for c in choices if c.spec.family in VARLEN_FAMILIES)
+        if not choices:
+            raise NotImplementedError(f"flashgen: no configured forward of head dim {head_dim} "
+                                      f"reads variable-length batches (families "
+                                      f"{', '.join(VARLEN_FAMILIES)})")
     family = choices[0].spec.family
     specs = tuple(c.spec for c in choices if c.spec.family == family)
     spec, fields = families.runtime(family).forward_plan(specs, batch_heads, seqlen_q,

@@ -3,13 +3,9 @@ page size, appended to in place, with rotary embeddings; split-KV decoding)."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from flashgen import ops, validate
-
-DEBUG_CHECKS = "FLASHGEN_DEBUG_CHECKS"
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -60,7 +56,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if num_splits > 65535:
         raise ValueError(f"flashgen: num_splits={num_splits} is more than 65535")
     scale = validate.check_scale(softmax_scale, head_dim)
-    if os.environ.get(DEBUG_CHECKS) == "1":
+    if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page)
     out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,

@@ -1,4 +1,5 @@
-"""The public functions: FlashAttention-2's flash_attn_func and a drop-in for PyTorch's SDPA."""
+"""The public functions: FlashAttention-2's flash_attn_func and flash_attn_varlen_func, and a
+drop-in for PyTorch's SDPA."""
 
 from __future__ import annotations
 
@@ -36,6 +37,91 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out, lse = ops.attention(q, k, v, scale, mask, mask_offset, bool(deterministic),
                              heads_first=False)  # causal aligned bottom-right
     return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                           softcap=0.0, alibi_slopes=None, deterministic=False,
+                           return_attn_probs=False, block_table=None):
+    """Exact attention over a batch of sequences of different lengths, FlashAttention-2's
+    interface.
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences packed one
+    after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 on q's device, each sequence's
+    first row and then the total (sequences may be empty); max_seqlen_q, max_seqlen_k: ints at
+    least the longest lengths (nothing past them is computed; FLASHGEN_DEBUG_CHECKS=1 checks the
+    device values). Each sequence's causal mask is aligned bottom-right. Returns out (total_q,
+    nheads, headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
+    total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
+    on the host.
+    """
+    if dropout_p != 0.0 or softcap != 0.0 or alibi_slopes is not None or window_size != (-1, -1):
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0),
+                                   window_size=(tuple(window_size), (-1, -1)),
+                                   softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    if block_table is not None:
+        raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
+                                  "flash_attn_with_kvcache reads paged caches")
+    q, k, v = _autocast(q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, torch.Tensor) and t.dim() != 3:
+            raise ValueError(f"flashgen: {name} must be (total, nheads, headdim), the sequences "
+                             f"packed, got shape {tuple(t.shape)}")
+    q4, k4, v4 = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
+    validate.check_tensors(("q", "k", "v"), q4, k4, v4)
+    validate.check_shapes(("q", "k", "v"), q4, k4, v4, "(total, nheads, headdim)")
+    _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
+            raise ValueError(f"flashgen: {name} must be an int >= 0 (the longest sequence), got "
+                             f"{value!r}")
+    if validate.debug_checks():
+        _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                 max_seqlen_q, max_seqlen_k)
+    scale = validate.check_scale(softmax_scale, q.shape[-1])
+    out, lse = ops.attention(q4, k4, v4, scale, "causal" if causal else "none", 0,
+                             bool(deterministic), heads_first=False,
+                             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    out = out.squeeze(0)
+    return (out, lse.squeeze(0), None) if return_attn_probs else out
+
+
+
+def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What the host can check without reading the device."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.int32:
+            raise TypeError(f"flashgen: {name} must be int32, got {t.dtype}; pass "
+                            f"{name}.to(torch.int32)")
+        if t.device != q.device:
+            raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"flashgen: {name} must be 1-D with batch + 1 entries, got shape "
+                             f"{tuple(t.shape)}")
+        if t.stride(0) != 1 and t.shape[0] > 1:
+            raise ValueError(f"flashgen: {name} must be contiguous")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"flashgen: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+                         f"{tuple(cu_seqlens_k.shape)} must have the same length (batch + 1)")
+
+
+def _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+                             max_seqlen_k) -> None:
+    """FLASHGEN_DEBUG_CHECKS=1: the device values, read back (a sync; not under compile)."""
+    for name, t, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        values = t.tolist()
+        if values[0] != 0 or values[-1] != total:
+            raise ValueError(f"flashgen: {name} must start at 0 and end at the total rows "
+                             f"({total}), got {values[0]} .. {values[-1]}")
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"flashgen: {name} must not decrease, got {values}")
+        if lengths and max(lengths) > longest:
+            raise ValueError(f"flashgen: {name} has a sequence of {max(lengths)} rows, more than "
+                             f"max_seqlen_{name[-1]}={longest}")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

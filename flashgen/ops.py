@@ -22,16 +22,19 @@ from flashgen.validate import SUPPORTED_DTYPES
 # for their inputs (its default for custom ops differs across torch versions).
 _TAGS = (torch.Tag.pt2_compliant_tag, torch.Tag.needs_fixed_stride_order)
 _LIBRARY = torch.library.Library("flashgen", "DEF")
-# mask: a mask kind (codegen/masks.py), mask_offset its per-call offset (params.h). The optional
-# tensors are the room for variable-length batches (cu_seqlens_*, seqused_k) and paged KV caches
-# (page_table); the kernels refuse them until they exist.
+# mask: a mask kind (codegen/masks.py), mask_offset its per-call offset (params.h). cu_seqlens_q,
+# cu_seqlens_k and the longest lengths make a variable-length batch packed into (1, total rows,
+# heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the kernels refuse
+# until they exist.
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
                 "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
-                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None) "
-                "-> (Tensor out, Tensor lse)", tags=_TAGS)
+                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
+                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
+                tags=_TAGS)
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                 "float scale, str mask, SymInt mask_offset, bool deterministic, "
-                "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) "
+                "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
                 "-> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
 
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
@@ -45,11 +48,16 @@ _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, T
 
 
 def attention(q, k, v, scale: float, mask: str, mask_offset: int, deterministic: bool,
-              heads_first: bool):
+              heads_first: bool, varlen: tuple = ()):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
     dtype. Differentiable in q, k and v (not through lse); deterministic only concerns the
-    backward, which it makes bit-reproducible."""
+    backward, which it makes bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k) for a variable-length batch packed into (1, total, heads, dim)
+    views."""
     arguments = (q, k, v, scale, mask, mask_offset, deterministic, heads_first)
+    if varlen:
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
+        arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
     if _runs_plain_eager((q, k, v)):
         return _fwd_cuda(*arguments)
     return torch.ops.flashgen.fwd.default(*arguments)
@@ -113,7 +121,8 @@ def _save_for_backward(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.arguments = inputs[3:8]  # scale ... heads_first, in bwd's order
-    ctx.varlen = inputs[8:10]  # cu_seqlens_q, cu_seqlens_k (None until they are implemented)
+    # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
+    ctx.varlen = (*inputs[8:10], *inputs[12:14]) if len(inputs) > 8 else ()
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
@@ -122,7 +131,7 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    no_gradient = (None,) * 12  # one per flashgen::fwd argument
+    no_gradient = (None,) * 14  # one per flashgen::fwd argument
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
     q, k, v, out, lse = ctx.saved_tensors

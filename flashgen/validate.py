@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
 SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def debug_checks() -> bool:
+    """FLASHGEN_DEBUG_CHECKS=1: also check argument values that live on the device (read back
+    with a sync, so not inside CUDA graphs or torch.compile)."""
+    return os.environ.get("FLASHGEN_DEBUG_CHECKS") == "1"
 
 
 def check_unsupported(**arguments) -> None:

@@ -120,7 +120,7 @@ def problem_fields(q, k, scale, mask_offset) -> dict:
     return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, softmax_scale=scale,
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
-                mask_offset=mask_offset)
+                mask_offset=mask_offset, cu_seqlens_q=None, cu_seqlens_k=None)
 
 
 def ctypes_fields(declaration: str) -> list[tuple[str, type]]:

@@ -30,8 +30,8 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     manifest = (tmp_path / "manifest.json").read_text()
     assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
     assert manifest.count('"name": "bwd_mma_sm90_') == 24
-    # head dims 64 and 128 x 2 dtypes x 2 masks
-    assert manifest.count('"name": "decode_mma_sm90_') == 8
+    # head dims 64 and 128 x 2 dtypes x 2 masks x (main + prefill alt tile)
+    assert manifest.count('"name": "decode_mma_sm90_') == 16
     # 5 head dims x 2 dtypes x 2 masks, and 2 causal short-sequence alt tiles x 2 dtypes
     assert manifest.count('"name": "fwd_hopper_sm90_') == 24
 
@@ -63,7 +63,7 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
-    assert "20 kernel(s)" in out
+    assert "24 kernel(s)" in out
 
 
 def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
@@ -74,7 +74,7 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "6 kernel(s)" in out
+    assert "_causal_" not in out and "10 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():

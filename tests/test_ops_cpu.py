@@ -48,13 +48,13 @@ def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(FWD._schema) == (
         "flashgen::fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
         "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
-        "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None) "
-        "-> (Tensor out, Tensor lse)")
+        "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
+        "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "float scale, str mask, SymInt mask_offset, bool deterministic, bool heads_first, "
-        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None) "
-        "-> (Tensor dq, Tensor dk, Tensor dv)")
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
+        "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)")
     for op in (FWD, BWD):
         assert torch.Tag.pt2_compliant_tag in op.tags
         assert torch.Tag.needs_fixed_stride_order in op.tags

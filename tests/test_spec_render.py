@@ -20,17 +20,18 @@ def specs():
 
 def test_spec_count_is_the_product_of_the_axes(specs):
     # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles + 2 archs x 2 decode head
-    # dims) x 2 dtypes x 2 masks; hopper: (5 head dims x 2 masks + 2 causal alt tiles) x 2
-    # dtypes, forward on sm_90
-    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2) * 2 * 2 + (5 * 2 + 2) * 2
+    # dims + 2 sm_90 decode alt tiles) x 2 dtypes x 2 masks; hopper: (5 head dims x 2 masks + 2
+    # causal alt tiles) x 2 dtypes, forward on sm_90
+    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2 + 2) * 2 * 2 + (5 * 2 + 2) * 2
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 8 + 24
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 16 + 24
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal"]
     assert sorted(s.name for s in chosen) == ["bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",

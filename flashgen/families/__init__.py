@@ -17,7 +17,7 @@ class DefaultRuntime:
 
     @staticmethod
     def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
-                      deterministic: bool):
+                      deterministic: bool, varlen: tuple = ()):
         """(BwdArgs, the scratch tensor they point into, to keep alive through the launch)."""
         raise NotImplementedError(f"flashgen: family {spec.family} has no backward runtime")
 

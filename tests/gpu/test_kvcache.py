@@ -113,6 +113,29 @@ def test_attention_over_the_cache(dtype, head_dim, heads, seqlen_q, causal, page
     assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
 
 
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"hd{d}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_chunked_prefill_runs_a_forward_sized_tile(dtype, head_dim, causal, page_size,
+                                                   poisoned_allocations):
+    """100 new tokens x 4 query heads per KV head: 400 rows per KV head, past PREFILL_ROWS."""
+    from flashgen import decode
+
+    batch, capacity, new = 2, 640, 100
+    lengths = [capacity - 3, 250]
+    cache = Cache(batch, capacity, 2, head_dim, dtype, lengths, page_size)
+    q = torch.randn(batch, new, 8, head_dim, device="cuda").to(dtype)
+    assert decode.kernel_for(q.device, "fp16" if dtype == torch.float16 else "bf16", head_dim,
+                             causal, new, group=4).tile.block_m == 128
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                  block_table=cache.block_table, causal=causal)
+    ref, _, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v), lengths,
+                                   causal)
+    assert_close_fa2(out, ref, same_dtype)
+
+
 @pytest.mark.parametrize("num_splits", [1, 3, 64, 200])
 @pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
 def test_any_split_gives_the_same_result(num_splits, page_size, poisoned_allocations):

@@ -70,9 +70,10 @@ FAMILY = Family(
         # head dim that has one.
         Kind("bwd", table="backward", tile=BwdTile, template="bwd_kernel.cu.j2",
              problems=_bwd_problems, required=False),
-        # Only the head dims whose table has a `.decode` subtable serve flash_attn_with_kvcache.
+        # Only the head dims whose table has a `.decode` subtable serve flash_attn_with_kvcache;
+        # an alt tile runs calls with many query rows (chunked prefill, flashgen/decode.py).
         Kind("decode", table="decode", tile=FwdTile, template="decode_kernel.cu.j2",
-             problems=_fwd_problems, required=False),
+             problems=_fwd_problems, required=False, alt_tiles=True),
     ),
     template_dir=TEMPLATES_DIR / "mma",
     template_context=template_context,

@@ -50,12 +50,28 @@ def pinned_forward_tile(index: int):
 
 
 def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
-                  deterministic: bool):
+                  deterministic: bool, varlen: tuple = ()):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
-    seq, heads, dim) views; the scratch must live until the launch is queued."""
+    seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
+    (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
+    into (1, total, heads, dim) views: its grids run in plain order, unsplit (the schedule's
+    estimates assume equal lengths)."""
     batch, seqlen_q, heads, head_dim = q.shape
-    grid = backward_grid(spec, q, k, deterministic)
-    rows = batch * heads * seqlen_q
+    rows = batch * heads * seqlen_q  # of the per-row statistics and the dQ workspace
+    seqlen_k = k.shape[1]
+    sequences = {}
+    if varlen:
+        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = varlen
+        batch = cu_seqlens_q.shape[0] - 1
+        sequences = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
+                         cu_seqlens_k=cu_seqlens_k.data_ptr())
+        grid = schedule.BwdGrid()
+        # The kernels lay the rows out as (heads, total rows); the launcher zeroes the dQ
+        # workspace as (batch, heads, longest), which holds them when max_seqlen_q is right.
+        # The larger of the two, so that a wrong one never writes past the workspace.
+        rows = heads * max(q.shape[1], batch * seqlen_q)
+    else:
+        grid = backward_grid(spec, q, k, deterministic)
     padded_head_dim = resources.padded_head_dim(head_dim)
     # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
     # on an H100 host): dQ's workspace (none when deterministic), the split blocks' dK, dV and
@@ -69,10 +85,10 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
         q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
         softmax_d=address + 4 * (dq_floats + split_floats),
         dq_accum=0 if deterministic else address, dkv_accum=address + 4 * dq_floats,
-        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
+        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         softmax_scale=scale, scale_log2=scale * _LOG2_E, mask_offset=mask_offset,
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
-        splits=grid.splits)
+        splits=grid.splits, **sequences)
     return args, scratch
 
 

@@ -1,7 +1,8 @@
 // Where one sequence's rows are: the one place kernels turn (batch, head) into memory offsets and
 // lengths. DenseSeqs is a batch of equal-length sequences, each tensor (batch, seq, heads, dim)
-// with any strides. Variable-length batches (cu_seqlens) and paged KV caches are further types with
-// these members, taken by the kernels as a template parameter.
+// with any strides, or (cu_seqlens_q set) a variable-length batch packed into (1, total rows,
+// heads, dim) tensors: a run-time branch per block, so one kernel serves both. A further layout is
+// a further type with these members, taken by the kernels as a template parameter.
 #pragma once
 
 #include <cstdint>
@@ -14,10 +15,33 @@ struct DenseSeqs {
   int seqlen_q;  // its query rows
   int seqlen_k;  // its key rows
   int mask_offset;
+  bool packed;          // a variable-length batch: rows from q_start and k_start
+  int64_t q_start = 0;  // its first row in the packed tensors
+  int64_t k_start = 0;
+  int64_t stats_start;  // its first row in a head's per-row statistics
+  int64_t stats_rows;   // rows per head there
 
+  // A variable-length batch (cu_seqlens_q set) reads its lengths from the device; each
+  // sequence's causal mask then aligns bottom-right, as FlashAttention's varlen functions do.
   template <class Params>
   __device__ __forceinline__ DenseSeqs(Params const& p, int batch)
-      : batch(batch), seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k), mask_offset(p.mask_offset) {}
+      : batch(batch), packed(p.cu_seqlens_q != nullptr) {
+    if (!packed) {
+      seqlen_q = p.seqlen_q;
+      seqlen_k = p.seqlen_k;
+      mask_offset = p.mask_offset;
+      stats_start = int64_t(batch) * p.heads * p.seqlen_q;
+      stats_rows = p.seqlen_q;
+    } else {
+      q_start = p.cu_seqlens_q[batch];
+      k_start = p.cu_seqlens_k[batch];
+      seqlen_q = p.cu_seqlens_q[batch + 1] - int(q_start);
+      seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
+      mask_offset = seqlen_k - seqlen_q;
+      stats_start = q_start;
+      stats_rows = p.cu_seqlens_q[p.batch];
+    }
+  }
 
   // The (seqlen_q, kHeadDim) rows of one head of a query-side tensor (q, o, dout, dq) and the
   // (seqlen_k, kHeadDim) rows of a key-side one (k, v, dk, dv), given its base pointer and its
@@ -25,28 +49,29 @@ struct DenseSeqs {
   template <class Element, int kHeadDim, class Pointer>
   __device__ __forceinline__ auto q_rows(Pointer base, int64_t batch_stride, int64_t row_stride,
                                          int64_t head_stride, int head) const {
-    return rows<Element, kHeadDim>(base, q_offset(batch_stride, head_stride, head), seqlen_q,
-                                   row_stride);
+    return rows<Element, kHeadDim>(base, q_offset(batch_stride, row_stride, head_stride, head),
+                                   seqlen_q, row_stride);
   }
   template <class Element, int kHeadDim, class Pointer>
   __device__ __forceinline__ auto k_rows(Pointer base, int64_t batch_stride, int64_t row_stride,
                                          int64_t head_stride, int head_kv) const {
-    return rows<Element, kHeadDim>(base, k_offset(batch_stride, head_stride, head_kv), seqlen_k,
-                                   row_stride);
+    return rows<Element, kHeadDim>(base, k_offset(batch_stride, row_stride, head_stride, head_kv),
+                                   seqlen_k, row_stride);
   }
   // Offsets in elements of the first row of one head, query side and key side.
-  __device__ __forceinline__ int64_t q_offset(int64_t batch_stride, int64_t head_stride,
-                                              int head) const {
-    return batch * batch_stride + head * head_stride;
+  __device__ __forceinline__ int64_t q_offset(int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride, int head) const {
+    return (packed ? q_start * row_stride : batch * batch_stride) + head * head_stride;
   }
-  __device__ __forceinline__ int64_t k_offset(int64_t batch_stride, int64_t head_stride,
-                                              int head_kv) const {
-    return batch * batch_stride + head_kv * head_stride;
+  __device__ __forceinline__ int64_t k_offset(int64_t batch_stride, int64_t row_stride,
+                                              int64_t head_stride, int head_kv) const {
+    return (packed ? k_start * row_stride : batch * batch_stride) + head_kv * head_stride;
   }
   // Offset of (this sequence, head)'s first row in a per-row statistic (lse, D, the dQ workspace
-  // in rows): (batch, heads, seqlen_q), contiguous.
+  // in rows): (batch, heads, seqlen_q) contiguous, or (heads, total rows) for a variable-length
+  // batch.
   __device__ __forceinline__ int64_t row_stats_offset(int heads, int head) const {
-    return (int64_t(batch) * heads + head) * seqlen_q;
+    return stats_start + head * stats_rows;
   }
 
  private:

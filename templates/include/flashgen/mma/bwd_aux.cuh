@@ -40,15 +40,16 @@ __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams 
   const int batch_head = int(blockIdx.x) / blocks_per_head;
   const int row = int(blockIdx.x) % blocks_per_head * kRows + int(threadIdx.x) / kLanes;
   const int chunk = int(threadIdx.x) % kLanes;
+  const DenseSeqs seq(p, batch_head / p.heads);
+  const int head = batch_head % p.heads;
   float sum = 0.f;
-  if (row < p.seqlen_q && chunk < kChunks) {
-    const DenseSeqs seq(p, batch_head / p.heads);
-    const int head = batch_head % p.heads;
+  if (row < seq.seqlen_q && chunk < kChunks) {
     const auto* dout = static_cast<const Element*>(p.dout) +
-                       seq.q_offset(p.do_batch_stride, p.do_head_stride, head) +
+                       seq.q_offset(p.do_batch_stride, p.do_row_stride, p.do_head_stride, head) +
                        row * p.do_row_stride;
     const auto* out = static_cast<const Element*>(p.o) +
-                      seq.q_offset(p.o_batch_stride, p.o_head_stride, head) + row * p.o_row_stride;
+                      seq.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, head) +
+                      row * p.o_row_stride;
     const auto d = reinterpret_cast<const Chunk8<Element>*>(dout)[chunk];
     const auto o = reinterpret_cast<const Chunk8<Element>*>(out)[chunk];
 #pragma unroll
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams 
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
     sum += __shfl_xor_sync(0xffffffff, sum, offset);
   }
-  if (row < p.seqlen_q && chunk == 0) p.softmax_d[int64_t(batch_head) * p.seqlen_q + row] = sum;
+  if (row < seq.seqlen_q && chunk == 0) p.softmax_d[seq.row_stats_offset(p.heads, head) + row] = sum;
 }
 
 // One thread per 8 columns of a dq row.
@@ -74,15 +75,17 @@ __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams
   const int row = int(row_index % p.seqlen_q);
   const int batch_head = int(row_index / p.seqlen_q);
   const DenseSeqs seq(p, batch_head / p.heads);
+  if (row >= seq.seqlen_q) return;  // past a shorter sequence of a variable-length batch
   const int head = batch_head % p.heads;
   const float4* acc = reinterpret_cast<const float4*>(
-      p.dq_accum + row_index * kHeadDimPadded + chunk * 8);
+      p.dq_accum + (seq.row_stats_offset(p.heads, head) + row) * kHeadDimPadded + chunk * 8);
   const float4 lo = acc[0], hi = acc[1];
   const float values[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   Chunk8<Element> result;
 #pragma unroll
   for (int j = 0; j < 8; ++j) result.x[j] = Element(values[j] * p.softmax_scale);
-  auto* dq = static_cast<Element*>(p.dq) + seq.q_offset(p.dq_batch_stride, p.dq_head_stride, head) +
+  auto* dq = static_cast<Element*>(p.dq) +
+             seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, head) +
              row * p.dq_row_stride;
   reinterpret_cast<Chunk8<Element>*>(dq)[chunk] = result;
 }

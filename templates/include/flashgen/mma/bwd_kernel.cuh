@@ -166,6 +166,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const int step_begin = piece.piece * steps / piece.pieces;
   const int step_end = (piece.piece + 1) * steps / piece.pieces;
   const int kv_rows = seq.seqlen_k - n_block * kBlockN;
+  // Past a shorter sequence of a variable-length batch (every piece of a split block alike).
+  if (kv_rows <= 0) return;
 
   Tensor gK = local_tile(seq.template k_rows<const Element, kHeadDim>(
                              p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_kv),
@@ -384,6 +386,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const Mask mask(seq.seqlen_k, seq.mask_offset);
   const ScoreMod score_mod;
   const int rows = seq.seqlen_q - m_block * kBlockM;
+  if (rows <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + min(rows, kBlockM) - 1);
 
   // The same shared-memory carve-up as bwd_dkdv_kernel; Q and dO use stage 0.

@@ -52,6 +52,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   // Key blocks this query block needs: those up to the mask's last visible one. None (rows that
   // see no key) still runs the epilogue: O = 0, lse = -inf.
   const int rows_in_block = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
+  if (rows_in_block <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max =
       mask.template key_block_end<kBlockN>(m_block * kBlockM + rows_in_block - 1);
 

@@ -1,0 +1,149 @@
+"""flash_attn_varlen_func: sequences of different lengths packed into one tensor, forward and
+backward, against an fp32 reference run per sequence."""
+
+import pytest
+import torch
+
+from flashgen import flash_attn_func, flash_attn_varlen_func
+from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = [torch.float16, torch.bfloat16]
+# (query lengths, key lengths): empty sequences, one row, odd lengths, more keys than queries and
+# fewer
+LENGTHS = [
+    ([1], [1]),
+    ([17, 0, 130, 64], [17, 5, 130, 300]),
+    ([300, 1, 77], [250, 0, 77]),
+    ([513, 129], [513, 1024]),
+]
+
+
+def packed(lengths, heads, head_dim, dtype):
+    t = torch.randn(sum(lengths), heads, head_dim, device="cuda").to(dtype)
+    return t.requires_grad_()
+
+
+def cu_seqlens(lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                        device="cuda")
+
+
+def per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast):
+    """out, lse (heads, total) and the gradients, from attention_ref on each sequence alone."""
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    outs, lses = [], []
+    starts_q, starts_k = [0, *torch.tensor(lengths_q).cumsum(0).tolist()], \
+        [0, *torch.tensor(lengths_k).cumsum(0).tolist()]
+    for b in range(len(lengths_q)):
+        sq, sk = slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+        o, lse = attention_ref(q[sq][None], k[sk][None], v[sk][None], causal=causal,
+                               upcast=upcast)
+        outs.append(o[0])
+        lses.append(lse[0])
+    out = torch.cat(outs)
+    out.backward(dout)
+    return out, torch.cat(lses, dim=1), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("lengths", LENGTHS, ids=lambda p: f"q{len(p[0])}seqs_{sum(p[0])}")
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=lambda h: f"h{h[0]}_hk{h[1]}")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_matches_each_sequence_alone(dtype, head_dim, causal, heads, lengths):
+    torch.manual_seed(0)
+    lengths_q, lengths_k = lengths
+    q = packed(lengths_q, heads[0], head_dim, dtype)
+    k, v = (packed(lengths_k, heads[1], head_dim, dtype) for _ in range(2))
+    # max_seqlen larger than the longest: allowed, nothing past a sequence is computed
+    out, lse, _ = flash_attn_varlen_func(q, k, v, cu_seqlens(lengths_q), cu_seqlens(lengths_k),
+                                         max(lengths_q) + 3, max(lengths_k), causal=causal,
+                                         return_attn_probs=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast=True)
+    same_dtype = per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast=False)
+    assert lse.shape == (heads[0], sum(lengths_q))
+    assert_close_fa2(out, ref[0], same_dtype[0])
+    assert_close_fa2(lse, ref[1], ref[1], name="lse", eps=1e-4)
+    for name, grad, r, s in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref[2:],
+                                same_dtype[2:]):
+        assert_close_fa2(grad, r, s, name=name, eps=GRADIENT_EPS)
+
+
+def test_equal_lengths_match_flash_attn_func_exactly(mma_forward):
+    """The same kernels on the same rows: bit-identical outputs and gradients (flash_attn_func
+    on the family that reads variable-length batches)."""
+    torch.manual_seed(0)
+    batch, seqlen, heads, head_dim = 3, 200, 4, 64
+    q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    cu = cu_seqlens([seqlen] * batch)
+    packed_inputs = [t.detach().reshape(batch * seqlen, heads, head_dim).requires_grad_()
+                     for t in (q, k, v)]
+    out = flash_attn_func(q, k, v, causal=True, deterministic=True)
+    out_varlen = flash_attn_varlen_func(*packed_inputs, cu, cu, seqlen, seqlen, causal=True,
+                                        deterministic=True)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    out_varlen.backward(dout.reshape(batch * seqlen, heads, head_dim))
+    assert torch.equal(out.reshape(-1, heads, head_dim), out_varlen)
+    for grad, grad_varlen in zip((q.grad, k.grad, v.grad), (t.grad for t in packed_inputs)):
+        assert torch.equal(grad.reshape(-1, heads, head_dim), grad_varlen)
+
+
+def test_a_training_step_compiles_without_graph_breaks():
+    torch.manual_seed(0)
+    lengths = [100, 37, 0, 64]
+    q, k, v = (packed(lengths, 4, 64, torch.float16) for _ in range(3))
+    cu = cu_seqlens(lengths)
+
+    def step(q, k, v):
+        out = flash_attn_varlen_func(q, k, v, cu, cu, 100, 100, causal=True)
+        return (out.float() ** 2).sum()
+
+    expected = step(q, k, v)
+    expected_grads = torch.autograd.grad(expected, (q, k, v))
+    loss = torch.compile(step, fullgraph=True)(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    torch.testing.assert_close(loss, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+def _bad(change):
+    lengths = [5, 7]
+    q, k, v = (torch.randn(12, 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    arguments = dict(q=q, k=k, v=v, cu_seqlens_q=cu_seqlens(lengths),
+                     cu_seqlens_k=cu_seqlens(lengths), max_seqlen_q=7, max_seqlen_k=7)
+    change(arguments)
+    return arguments
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].long()), "cu_seqlens_q must be int32"),
+    (lambda a: a.update(cu_seqlens_k=a["cu_seqlens_k"][:2]), "same length"),
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"].cpu()), "cu_seqlens_q is on cpu"),
+    (lambda a: a.update(cu_seqlens_q=a["cu_seqlens_q"][None]), "must be 1-D"),
+    (lambda a: a.update(max_seqlen_q=-1), "max_seqlen_q must be an int >= 0"),
+    (lambda a: a.update(q=a["q"][None]), r"q must be \(total, nheads, headdim\)"),
+    (lambda a: a.update(k=a["k"][:, :3], v=a["v"][:, :3]), "multiple of"),
+    (lambda a: a.update(block_table=a["cu_seqlens_q"]), "block_table"),
+    (lambda a: a.update(dropout_p=0.1), "dropout_p"),
+])
+def test_bad_input_names_the_argument(change, message):
+    with pytest.raises((ValueError, TypeError, NotImplementedError), match=message):
+        flash_attn_varlen_func(**_bad(change))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: a["cu_seqlens_q"].copy_(torch.tensor([0, 7, 5])), "must not decrease|end at"),
+    (lambda a: a["cu_seqlens_k"].copy_(torch.tensor([1, 5, 12])), "start at 0"),
+    (lambda a: a.update(max_seqlen_k=6), "more than max_seqlen_k=6"),
+])
+def test_debug_checks_read_device_values(change, message, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
+    with pytest.raises(ValueError, match=message):
+        flash_attn_varlen_func(**_bad(change))
