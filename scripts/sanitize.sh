@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) over flashgen's forward and
-# backward kernels at odd sizes (the forward on the family dispatch picks: hopper on an H100).
+# backward kernels at odd sizes (the forward on the family dispatch picks: hopper on an H100),
+# then memcheck and racecheck over the inference kernels (scripts/sanitize_inference.py).
 # Run after scripts/gpu_check.sh has built the kernels (same environment variables); arguments go
 # to scripts/sanitize_driver.py (--forward-only).
 set -uo pipefail
@@ -23,5 +24,13 @@ for tool in memcheck racecheck synccheck initcheck; do
   rc=$?
   echo "$tool (exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|checked calls' "$OUT/sanitize-$tool.log" | tr '\n' ' ')"
   [ $rc = 0 ] || { status=1; grep -m 20 -E '=====' "$OUT/sanitize-$tool.log"; }
+done
+# The inference kernels (decode, append, combine; the varlen forward and backward).
+for tool in memcheck racecheck; do
+  timeout 200 compute-sanitizer --tool "$tool" --kernel-name kns=flashgen --error-exitcode 3 \
+    python3 scripts/sanitize_inference.py > "$OUT/sanitize-inference-$tool.log" 2>&1
+  rc=$?
+  echo "inference $tool (exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|checked calls' "$OUT/sanitize-inference-$tool.log" | tr '\n' ' ')"
+  [ $rc = 0 ] || { status=1; grep -m 20 -E '=====' "$OUT/sanitize-inference-$tool.log"; }
 done
 exit $status
