@@ -66,14 +66,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
 
 
 def _int32_vector(name: str, t, q, length: int, what: str):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"flashgen: {name} must be a torch.Tensor ({what}), got "
-                        f"{type(t).__name__}")
-    if t.dtype != torch.int32:
-        raise TypeError(f"flashgen: {name} must be int32, got {t.dtype}; pass "
-                        f"{name}.to(torch.int32)")
-    if t.device != q.device:
-        raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
+    validate.check_int32(name, t, q)
     if t.shape != (length,):
         raise ValueError(f"flashgen: {name} must have shape ({length},) ({what}), got "
                          f"{tuple(t.shape)}")
@@ -92,14 +85,7 @@ def _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, ba
     if cache_batch_idx is not None:
         raise ValueError("flashgen: cache_batch_idx selects rows of a contiguous cache; with "
                          "block_table the table itself says where each sequence's pages are")
-    if not isinstance(block_table, torch.Tensor):
-        raise TypeError(f"flashgen: block_table must be a torch.Tensor, got "
-                        f"{type(block_table).__name__}")
-    if block_table.dtype != torch.int32:
-        raise TypeError(f"flashgen: block_table must be int32, got {block_table.dtype}; pass "
-                        f"block_table.to(torch.int32)")
-    if block_table.device != q.device:
-        raise ValueError(f"flashgen: block_table is on {block_table.device}, q on {q.device}")
+    validate.check_int32("block_table", block_table, q)
     if block_table.dim() != 2 or block_table.shape[0] != batch:
         raise ValueError(f"flashgen: block_table must be (batch={batch}, max_pages), got "
                          f"{tuple(block_table.shape)}")

@@ -90,13 +90,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
     """What the host can check without reading the device."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.int32:
-            raise TypeError(f"flashgen: {name} must be int32, got {t.dtype}; pass "
-                            f"{name}.to(torch.int32)")
-        if t.device != q.device:
-            raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
+        validate.check_int32(name, t, q)
         if t.dim() != 1 or t.shape[0] < 1:
             raise ValueError(f"flashgen: {name} must be 1-D with batch + 1 entries, got shape "
                              f"{tuple(t.shape)}")

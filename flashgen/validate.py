@@ -88,6 +88,17 @@ def passes_tensor_checks(q, k, v, heads_axis: int) -> bool:
             and k_shape[heads_axis] != 0 and q_shape[heads_axis] % k_shape[heads_axis] == 0)
 
 
+def check_int32(name: str, t, q) -> None:
+    """An index tensor (cu_seqlens, cache_seqlens, block_table): int32, on q's device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"flashgen: {name} must be int32, got {t.dtype}; pass "
+                        f"{name}.to(torch.int32)")
+    if t.device != q.device:
+        raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
+
+
 def check_scale(softmax_scale, head_dim: int) -> float:
     if softmax_scale is None:
         return 1.0 / math.sqrt(head_dim)

@@ -54,8 +54,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
-    into (1, total, heads, dim) views: its grids run in plain order, unsplit (the schedule's
-    estimates assume equal lengths)."""
+    into (1, total, heads, dim) views."""
     batch, seqlen_q, heads, head_dim = q.shape
     rows = batch * heads * seqlen_q  # of the per-row statistics and the dQ workspace
     seqlen_k = k.shape[1]
@@ -65,13 +64,16 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
         batch = cu_seqlens_q.shape[0] - 1
         sequences = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
                          cu_seqlens_k=cu_seqlens_k.data_ptr())
-        grid = schedule.BwdGrid()
+        # Ordered and split as a dense batch of the longest lengths: blocks past a shorter
+        # sequence exit, every piece of a split block alike.
+        grid = backward_grid(spec, (batch, seqlen_q, heads, head_dim), (seqlen_k, k.shape[2]),
+                             q.get_device(), deterministic)
         # The kernels lay the rows out as (heads, total rows); the launcher zeroes the dQ
         # workspace as (batch, heads, longest), which holds them when max_seqlen_q is right.
         # The larger of the two, so that a wrong one never writes past the workspace.
         rows = heads * max(q.shape[1], batch * seqlen_q)
     else:
-        grid = backward_grid(spec, q, k, deterministic)
+        grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
     padded_head_dim = resources.padded_head_dim(head_dim)
     # The kernels' fp32 scratch in one allocation (one fewer torch.empty, 5 us of the host path
     # on an H100 host): dQ's workspace (none when deterministic), the split blocks' dK, dV and
@@ -92,13 +94,14 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
     return args, scratch
 
 
-def backward_grid(spec, q, k, deterministic: bool) -> schedule.BwdGrid:
-    """The grids of the backward kernel `spec` on (batch, seq, heads, dim) views q and k
-    (schedule.py)."""
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+def backward_grid(spec, q_shape, k_sizes, device_index: int,
+                  deterministic: bool) -> schedule.BwdGrid:
+    """The grids of the backward kernel `spec` (schedule.py) for q of shape (batch, seqlen_q,
+    heads, head_dim) and k_sizes (seqlen_k, heads_kv)."""
+    batch, seqlen_q, heads, head_dim = q_shape
+    seqlen_k, heads_kv = k_sizes
     group = heads // heads_kv
-    sm_count, l2_bytes = device_resources(q.get_device())
+    sm_count, l2_bytes = device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
     uneven = schedule.hides_keys(spec.mask)

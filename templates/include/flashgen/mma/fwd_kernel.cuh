@@ -164,12 +164,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
       }
       softmax.update(acc_s, acc_o, p.scale_log2);
 
-      // O += P V, with P converted to the input type and kept in registers.
-      Tensor p_regs = make_tensor_like<Element>(acc_s);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
-      Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
-      gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt(_, _, _, smem_pipe_read), smem_copy_v);
+      gemm_pv<Element>(tiled_mma, acc_o, acc_s, tOrVt, tOsVt(_, _, _, smem_pipe_read),
+                       smem_copy_v);
     }
 
     smem_pipe_write = smem_pipe_read;

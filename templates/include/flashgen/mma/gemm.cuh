@@ -4,6 +4,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashgen/mma/accumulator.cuh"
+
 namespace flashgen {
 
 using namespace cute;
@@ -52,6 +54,19 @@ __device__ __forceinline__ void gemm_rs(TiledMma const& tiled_mma, Acc& acc, Reg
     }
     gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), acc);
   }
+}
+
+// O += P V: P, the softmax's probabilities in the S accumulator, converted to the input type and
+// kept in registers as the A operand.
+template <class Element, class TiledMma, class AccO, class AccS, class RegB, class SmemB,
+          class CopyB>
+__device__ __forceinline__ void gemm_pv(TiledMma const& tiled_mma, AccO& acc_o, AccS const& acc_s,
+                                        RegB& tOrVt, SmemB const& tOsVt, CopyB const& copy_v) {
+  Tensor p_regs = make_tensor_like<Element>(acc_s);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) p_regs(i) = Element(acc_s(i));
+  Tensor tOrP = make_tensor(p_regs.data(), acc_as_a_layout(p_regs.layout()));
+  gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, copy_v);
 }
 
 }  // namespace flashgen
