@@ -23,6 +23,7 @@ PREFILL_ROWS = 256
 MAX_SPLITS = 128
 
 
+@functools.lru_cache(maxsize=4096)  # a Python loop: decided once per shape, not per call
 def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
     """How many blocks share each (query block, sequence, KV head)'s keys.
 

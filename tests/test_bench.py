@@ -452,3 +452,51 @@ def test_commit_says_when_the_tree_differs_from_head(monkeypatch, porcelain, exp
 
     monkeypatch.setattr(timing.subprocess, "run", fake_run)
     assert timing._git_commit() == expected
+
+
+# --- serving (--mode decode / prefill) --------------------------------------------------------
+
+def _serving_row(new, page, ours, fa2=None, cudnn=None, length=32768):
+    from flashgen.tools.bench import serving
+
+    cell = next(c for c in serving.cells({**serving.DECODE_GRID, "dtypes": ("bf16",),
+                                         "head_dims": (128,), "heads": ((32, 8),),
+                                         "batches": (8,), "cache_lengths": (length,),
+                                         "new_tokens": (new,), "page_sizes": (page,)}))
+    row = dict(cell, flashgen={"us": ours, "bandwidth": cell["kv_bytes"] / (ours * 1e-6) / 3e12})
+    if page == 0:
+        row.update(FLASH_ATTENTION={"us": fa2, "bandwidth": 0.5},
+                   CUDNN_ATTENTION={"us": cudnn, "bandwidth": 0.9})
+    return row
+
+
+def test_serving_grid_skips_caches_over_40_gb():
+    from flashgen.tools.bench import serving
+
+    cells = list(serving.cells(serving.DECODE_GRID))
+    assert all(c["kv_bytes"] <= serving.MAX_CACHE_BYTES for c in cells)
+    assert not any(c["batch"] == 128 and c["cache_length"] == 131072 and c["heads_kv"] == 32
+                   for c in cells)
+    assert len(cells) == 2 * 354  # per dtype: 354 cells
+
+
+def test_serving_summary_compares_paged_cells_with_the_contiguous_peers():
+    from flashgen.tools.bench import serving
+
+    rows = [_serving_row(1, 0, 100.0, fa2=120.0, cudnn=110.0),
+            _serving_row(1, 16, 105.0), _serving_row(4, 0, 101.0, fa2=400.0, cudnn=200.0)]
+    s = serving.summary({"rows": rows})
+    # flashgen's time against the faster peer of the same (contiguous) cell
+    assert s["vs_faster_peer"]["n"] == 3
+    assert s["vs_faster_peer"]["min"] == pytest.approx(110.0 / 105.0)
+    assert s["vs_faster_peer"]["max"] == pytest.approx(200.0 / 101.0)
+    assert s["page16_time_vs_dense"]["median"] == pytest.approx(1.05)
+    assert s["new_tokens_time_vs_one"]["median"] == pytest.approx(1.01)
+    text = serving.markdown({"mode": "decode", "copy_rate": 3e12, "environment": {},
+                             "rows": rows}, "flashgen bench --mode decode")
+    assert "`flashgen bench --mode decode`" in text and text.count("| bf16 | 128 |") == 3
+
+
+def test_serving_modes_run_alone():
+    assert main(["bench", "--mode", "decode", "--mode", "fwd"]) == 2
+    assert main(["bench", "--mode", "prefill", "--impl", "flashgen"]) == 2

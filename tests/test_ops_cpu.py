@@ -412,3 +412,29 @@ def test_kernels_that_load_by_tma_get_expanded_inputs_copied():
     (copied,) = launch.aligned(k, tma=True)
     assert 0 not in copied.stride() and torch.equal(copied, k)
     assert launch.aligned(k)[0] is k
+
+
+# --- flash_attn_with_kvcache's op ---------------------------------------------------------------
+
+KVCACHE = torch.ops.flashgen.fwd_kvcache.default
+
+
+def test_the_kvcache_op_mutates_the_caches_and_has_a_fake():
+    schema = KVCACHE._schema
+    mutated = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+    assert mutated == ["k_cache", "v_cache"]
+    assert torch.Tag.pt2_compliant_tag in KVCACHE.tags
+    for key in ("CUDA", "Meta"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(KVCACHE.name(), key), key
+
+
+def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
+    with FakeTensorMode():
+        q = torch.empty(3, 4, 8, 64, dtype=torch.bfloat16, device="cuda")
+        cache = torch.empty(16, 16, 2, 64, dtype=torch.bfloat16, device="cuda")
+        table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
+        seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
+        out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, table,
+                           0.125, True, True, 0)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32
