@@ -47,6 +47,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
                          f"k_cache's heads ({heads_kv})")
     capacity = _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, batch)
+    if cache_batch_idx is not None:
+        cache_batch_idx = cache_batch_idx.contiguous()  # the kernels index it densely
     seqlen_new = _check_new(q, k, v, batch, heads_kv, head_dim)
     rotary_cos, rotary_sin = _check_rotary(q, rotary_cos, rotary_sin, k, capacity, head_dim)
     cache_seqlens = _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k)
