@@ -37,11 +37,13 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
                                   "paged cache")
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
-    varlen = cu_seqlens_q is not None
-    sequences = (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k) if varlen else None
+    sequences = None
+    if cu_seqlens_q is not None:  # the kernels read the batch's sizes from these, not the views
+        sequences = (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), cu_seqlens_q.shape[0] - 1,
+                     max_seqlen_q, max_seqlen_k)
+        batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
-        q.get_device(), dtype, head_dim, mask, batch * heads if not varlen else
-        sequences[0] * heads, seqlen_q if not varlen else max_seqlen_q, varlen)
+        q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q, sequences is not None)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -58,12 +60,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
         o = out
 
-    varlen_fields = {}
-    if varlen:
-        varlen_fields = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
-                             cu_seqlens_k=cu_seqlens_k.data_ptr(), batch=sequences[0],
-                             seqlen_q=max_seqlen_q, seqlen_k=max_seqlen_k)
-    run(launcher, q, k, v, o, lse, scale, mask_offset, {**fields, **varlen_fields})
+    run(launcher, q, k, v, o, lse, scale, mask_offset, fields, sequences)
     if o is not out:
         out.copy_(o[..., :head_dim])
     return out, lse
@@ -79,24 +76,27 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
 
 
 def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: int,
-        fields: dict) -> None:
+        fields: dict, sequences: tuple | None = None) -> None:
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
-    tensors' device and its current stream; fields: its family's own FwdParams fields, and a
-    variable-length batch's (cu_seqlens_*, and batch and seqlens in place of the views')."""
+    tensors' device and its current stream; fields: its family's own FwdParams fields.
+    sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k addresses, batch,
+    max_seqlen_q, max_seqlen_k), in place of the packed views' sizes."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
+    cu_seqlens_q = cu_seqlens_k = 0
+    if sequences is not None:
+        cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k = sequences
     spec = launcher.spec
     # The launcher zeroes it (when its grid claims tiles); freed after the launch is queued, the
     # caching allocator reuses it in stream order.
     counter = (torch.empty(1, dtype=torch.int32, device=q.device)
                if spec.family_record.tile_counter and MASKS[spec.mask].hides_keys else None)
-    sizes = dict(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
-    sizes.update((key, fields.pop(key)) for key in tuple(sizes) if key in fields)
-    args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), heads=heads,
-                           heads_kv=heads_kv, softmax_scale=scale, scale_log2=scale * _LOG2_E,
-                           mask_offset=mask_offset,
-                           tile_counter=0 if counter is None else counter.data_ptr(), **sizes,
-                           **fields)
+    args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), batch=batch,
+                           heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                           softmax_scale=scale, scale_log2=scale * _LOG2_E,
+                           mask_offset=mask_offset, cu_seqlens_q=cu_seqlens_q,
+                           cu_seqlens_k=cu_seqlens_k,
+                           tile_counter=0 if counter is None else counter.data_ptr(), **fields)
     launch.call_on_device(loader.binding().fwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
 

@@ -86,7 +86,6 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (out, lse.squeeze(0), None) if return_attn_probs else out
 
 
-
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
     """What the host can check without reading the device."""
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):

@@ -1,5 +1,6 @@
-"""flashgen's torch ops, flashgen::fwd, flashgen::bwd and flashgen::fwd_kvcache: a CUDA kernel, a fake (meta)
-implementation for torch.compile and FakeTensorMode, and autograd that connects the two.
+"""flashgen's torch ops, flashgen::fwd, flashgen::bwd and flashgen::fwd_kvcache: a CUDA kernel, a
+fake (meta) implementation for torch.compile and FakeTensorMode, and autograd that connects
+them.
 
 Registered with torch.library.Library's define + impl, register_fake and register_autograd rather
 than torch.library.custom_op: custom_op's Python wrapper costs more per call. On a CPU, with Python
