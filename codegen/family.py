@@ -69,6 +69,11 @@ class Family:
     # Under a mask that hides keys its forward's blocks claim tiles from a counter
     # (FwdParams.tile_counter), which the forward allocates per call.
     tile_counter: bool = False
+    # Its forward reads a variable-length batch (FwdParams.cu_seqlens_q, common/seqinfo.cuh).
+    varlen_forward: bool = False
+    # Its forward reads a KV cache (FwdParams' cache fields), contiguous or paged with pages of
+    # whole key blocks: chunked prefill can run on it (flashgen/decode.py).
+    cache_forward: bool = False
 
     def kind(self, name: str) -> Kind:
         for kind in self.kinds:

@@ -63,6 +63,22 @@ ATTENTION_FIELDS = (
           default=0),
 )
 
+# Where a sequence's keys are when k and v are a KV cache: read by the decode kind, and by the hopper
+# family's forward for chunked prefill (the mma family's forward refuses them).
+KV_CACHE_FIELDS = (
+    Field("cache_seqlens", "const int*", "(batch,): the keys in each sequence's cache before this "
+          "call's new ones; nullptr: seqlen_k, the whole cache", default=0),
+    Field("cache_batch_idx", "const int*", "(batch,): the cache row of each sequence; nullptr: "
+          "its own index", default=0),
+    Field("block_table", "const int*", "(batch, pages per sequence): a paged cache's page of "
+          "each run of page_size keys; k and v are then (pages, page_size, heads_kv, head_dim). "
+          "nullptr: a contiguous cache", default=0),
+    Field("block_table_batch_stride", "int64_t", default=0),
+    Field("page_size", "int", default=0),
+    Field("seqlen_new", "int", "keys appended this call (k_new, by the decode kind's append): a "
+          "sequence attends to cache_seqlens + seqlen_new keys", default=0),
+)
+
 FWD_FIELDS = (
     _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
@@ -71,7 +87,15 @@ FWD_FIELDS = (
     Field("tile_counter", "int*", "hopper family: an int that the launcher zeroes and a "
           "persistent grid's blocks claim their next tiles from, in order, as they free up "
           "(fwd_kernel.cuh). nullptr: tiles dealt out statically", default=0),
-)
+    Field("q_view_batch", "int", "hopper family: q and o's (batch, rows) extents as laid out, "
+          "the bounds of their TMA descriptors: (batch, seqlen_q), or (1, total rows) for a "
+          "variable-length batch. 0: batch and seqlen_q", default=0),
+    Field("q_view_rows", "int", default=0),
+    Field("kv_view_batch", "int", "hopper family: k and v's (batch, rows) extents as laid out: "
+          "(batch, seqlen_k), (1, total rows) packed, (cache rows, capacity) for a contiguous "
+          "cache, (pages, page_size) for a paged one. 0: batch and seqlen_k", default=0),
+    Field("kv_view_rows", "int", default=0),
+) + KV_CACHE_FIELDS
 
 BWD_FIELDS = (
     _tensor("o", "const void*", "(batch, seqlen_q, heads, head_dim): the forward's output"),
@@ -106,26 +130,17 @@ DECODE_FIELDS = (
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
     Field("num_splits", "int", "blocks that share each (sequence, KV head)'s keys, each an equal "
           "share of its key blocks; above 1 they write o_accum and lse_accum and a second "
-          "kernel combines them into o and softmax_lse", default=1),
+          "kernel combines them into o and softmax_lse; 0: append only (the hopper forward "
+          "attends, for chunked prefill)", default=1),
     Field("o_accum", "float*", "(num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: "
           "each split's normalised output", default=0),
     Field("lse_accum", "float*", "(num_splits, batch, heads, seqlen_q) fp32 workspace: each "
           "split's lse (-inf where it saw no key)", default=0),
-    Field("cache_seqlens", "const int*", "(batch,): the keys in each sequence's cache before this "
-          "call's new ones; nullptr: seqlen_k, the whole cache", default=0),
-    Field("cache_batch_idx", "const int*", "(batch,): the cache row of each sequence; nullptr: "
-          "its own index", default=0),
-    Field("block_table", "const int*", "(batch, pages per sequence): a paged cache's page of "
-          "each run of page_size keys; k and v are then (pages, page_size, heads_kv, head_dim). "
-          "nullptr: a contiguous cache", default=0),
-    Field("block_table_batch_stride", "int64_t", default=0),
-    Field("page_size", "int", default=0),
+) + KV_CACHE_FIELDS + (
     _tensor("k_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim): keys to append at "
             "cache_seqlens (rotated when rotary_dim > 0) before attending; nullptr: none",
             optional=True),
     _tensor("v_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim)", optional=True),
-    Field("seqlen_new", "int", "rows of k_new and v_new; attention covers cache_seqlens + "
-          "seqlen_new keys", default=0),
     _tensor("q_rot", "void*", "(batch, seqlen_q, heads, head_dim): q rotated, written by the "
             "append kernel and read by attention in place of q when rotary_dim > 0",
             optional=True),

@@ -43,7 +43,8 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
                      max_seqlen_q, max_seqlen_k)
         batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
-        q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q, sequences is not None)
+        q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
+        "dense" if sequences is None else "varlen")
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -76,13 +77,19 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
 
 
 def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: int,
-        fields: dict, sequences: tuple | None = None) -> None:
+        fields: dict, sequences: tuple | None = None, batch: int | None = None,
+        seqlen_k: int | None = None) -> None:
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
-    tensors' device and its current stream; fields: its family's own FwdParams fields.
-    sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k addresses, batch,
-    max_seqlen_q, max_seqlen_k), in place of the packed views' sizes."""
-    batch, seqlen_q, heads, _ = q.shape
-    _, seqlen_k, heads_kv, _ = k.shape
+    tensors' device and its current stream; fields: its family's own FwdParams fields (a KV
+    cache's among them). sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k
+    addresses, batch, max_seqlen_q, max_seqlen_k), in place of the packed views' sizes. batch,
+    seqlen_k: where k and v are a KV cache, the sequences and each one's capacity (k's own
+    extents are the cache's rows or pages)."""
+    q_view_batch, seqlen_q, heads, _ = q.shape
+    kv_view_batch, kv_view_rows, heads_kv, _ = k.shape
+    batch = q_view_batch if batch is None else batch
+    seqlen_k = kv_view_rows if seqlen_k is None else seqlen_k
+    q_view_rows = seqlen_q
     cu_seqlens_q = cu_seqlens_k = 0
     if sequences is not None:
         cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k = sequences
@@ -96,15 +103,17 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: i
                            softmax_scale=scale, scale_log2=scale * _LOG2_E,
                            mask_offset=mask_offset, cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k,
-                           tile_counter=0 if counter is None else counter.data_ptr(), **fields)
+                           tile_counter=0 if counter is None else counter.data_ptr(),
+                           q_view_batch=q_view_batch, q_view_rows=q_view_rows,
+                           kv_view_batch=kv_view_batch, kv_view_rows=kv_view_rows, **fields)
     launch.call_on_device(loader.binding().fwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch_heads: int,
-               seqlen_q: int, varlen: bool = False) -> KernelSpec:
+               seqlen_q: int, reads: str = "dense") -> KernelSpec:
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
-    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, varlen)[0].spec
+    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, reads)[0].spec
 
 
 def clear_plans() -> None:
@@ -114,24 +123,37 @@ def clear_plans() -> None:
     _candidates.cache_clear()
 
 
-# The families whose forward kernels read variable-length batches (common/seqinfo.cuh); the
-# hopper family's TMA descriptors cover whole dense tensors.
-VARLEN_FAMILIES = ("mma",)
+# What a call's k and v are, and which families' forwards read them (codegen/family.py).
+_READERS = {"dense": lambda family: True,
+            "varlen": lambda family: family.varlen_forward,
+            "cache": lambda family: family.cache_forward}
+
+
+def plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
+         seqlen_q: int, reads: str = "dense"):
+    """_plan, or None where no configured family's forward reads `reads` at this head dim
+    unpadded (a KV cache is not padded: chunked prefill then runs on the decode kind)."""
+    try:
+        launcher, padded_head_dim, fields, _ = _plan(device_index, dtype, head_dim, mask,
+                                                     batch_heads, seqlen_q, reads)
+    except NotImplementedError:
+        return None
+    return None if padded_head_dim is not None else (launcher, fields)
 
 
 @functools.lru_cache(maxsize=4096)
 def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-          seqlen_q: int, varlen: bool = False) -> tuple[loader.Launcher, int | None, dict, bool]:
-    """The launcher for a call of this shape, the head dim to zero-pad to (None: no padding), its
-    family's FwdParams fields and whether its kernels load the inputs by TMA (launch.aligned).
-    Cached: the first call of a shape decides, later ones pay one lookup."""
+          seqlen_q: int, reads: str = "dense") -> tuple[loader.Launcher, int | None, dict, bool]:
+    """The launcher for a call of this shape whose k and v are `reads` (_READERS), the head dim
+    to zero-pad to (None: no padding), its family's FwdParams fields and whether its kernels load
+    the inputs by TMA (launch.aligned). Cached: the first call of a shape decides, later ones pay
+    one lookup."""
     choices = _candidates(device_index, dtype, head_dim, mask)
-    if varlen:
-        choices = tuple(c for c in choices if c.spec.family in VARLEN_FAMILIES)
+    if reads != "dense":
+        choices = tuple(c for c in choices if _READERS[reads](c.spec.family_record))
         if not choices:
             raise NotImplementedError(f"flashgen: no configured forward of head dim {head_dim} "
-                                      f"reads variable-length batches (families "
-                                      f"{', '.join(VARLEN_FAMILIES)})")
+                                      f"reads {reads} inputs")
     family = choices[0].spec.family
     specs = tuple(c.spec for c in choices if c.spec.family == family)
     spec, fields = families.runtime(family).forward_plan(specs, batch_heads, seqlen_q,

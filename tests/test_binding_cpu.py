@@ -176,7 +176,15 @@ def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
         tile_counter = None  # ctypes reads a null pointer as None
     assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
                               **problem_fields(q, k, 0.125, MASK_OFFSET),
-                              "ranks_per_round": RANKS_PER_ROUND, "tile_counter": tile_counter}
+                              "ranks_per_round": RANKS_PER_ROUND, "tile_counter": tile_counter,
+                              "q_view_batch": BATCH, "q_view_rows": SEQLEN_Q,
+                              "kv_view_batch": BATCH, "kv_view_rows": SEQLEN_K,
+                              **NO_CACHE}
+
+
+# FwdParams' KV-cache fields when k and v are not a cache.
+NO_CACHE = {"cache_seqlens": None, "cache_batch_idx": None, "block_table": None,
+            "block_table_batch_stride": 0, "page_size": 0, "seqlen_new": 0}
 
 
 def test_forward_launch_failure_raises_with_the_error_string(binding):

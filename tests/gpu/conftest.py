@@ -21,6 +21,22 @@ def poisoned_allocations(monkeypatch):
     torch.manual_seed(0)
 
 
+@pytest.fixture(params=["hopper", "mma"])
+def forward_family(request, monkeypatch):
+    """The forward runs on each kernel family that reads the call's inputs in turn (the hopper
+    family on sm_90 only); gradients run on the family that has a backward."""
+    import torch
+
+    from flashgen import forward
+
+    if request.param == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the hopper family runs on sm_90")
+    monkeypatch.setenv("FLASHGEN_FAMILY", request.param)
+    forward.clear_plans()
+    yield request.param
+    forward.clear_plans()
+
+
 @pytest.fixture
 def mma_forward(monkeypatch):
     """The forward runs on the mma family (its tiles and grid orders are what the test pins)."""

@@ -52,7 +52,7 @@ def per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
-def test_matches_each_sequence_alone(dtype, head_dim, causal, heads, lengths):
+def test_matches_each_sequence_alone(dtype, head_dim, causal, heads, lengths, forward_family):
     torch.manual_seed(0)
     lengths_q, lengths_k = lengths
     q = packed(lengths_q, heads[0], head_dim, dtype)
@@ -73,9 +73,8 @@ def test_matches_each_sequence_alone(dtype, head_dim, causal, heads, lengths):
         assert_close_fa2(grad, r, s, name=name, eps=GRADIENT_EPS)
 
 
-def test_equal_lengths_match_flash_attn_func_exactly(mma_forward):
-    """The same kernels on the same rows: bit-identical outputs and gradients (flash_attn_func
-    on the family that reads variable-length batches)."""
+def test_equal_lengths_match_flash_attn_func_exactly(forward_family):
+    """The same kernels on the same rows: bit-identical outputs and gradients, on each family."""
     torch.manual_seed(0)
     batch, seqlen, heads, head_dim = 3, 200, 4, 64
     q, k, v = (torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16,

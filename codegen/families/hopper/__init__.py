@@ -61,4 +61,6 @@ FAMILY = Family(
     template_context=template_context,
     tma_inputs=True,
     tile_counter=True,
+    varlen_forward=True,
+    cache_forward=True,
 )

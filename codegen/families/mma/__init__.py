@@ -77,4 +77,5 @@ FAMILY = Family(
     ),
     template_dir=TEMPLATES_DIR / "mma",
     template_context=template_context,
+    varlen_forward=True,
 )

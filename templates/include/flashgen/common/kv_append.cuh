@@ -71,9 +71,7 @@ __global__ void append_kv_kernel(const DecodeParams p) {
   }
 
   if (p.rotary_dim > 0 && token < p.seqlen_q) {
-    const int cached =
-        p.cache_seqlens == nullptr ? p.seqlen_k - p.seqlen_new : p.cache_seqlens[batch];
-    const int pos = cached + (kQPerToken ? token : 0);
+    const int pos = CachedKeys(p, batch).cached + (kQPerToken ? token : 0);
     const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride +
                        token * p.q_row_stride;
     Element* q_rot = static_cast<Element*>(p.q_rot) + batch * p.q_rot_batch_stride +

@@ -10,6 +10,18 @@
 
 namespace flashgen {
 
+// A sequence's keys in a cache: those cached before this call (where appended ones go) and the
+// ones attention covers, the appended ones included, never past the capacity (the host checks
+// what it can see, this bounds what it cannot).
+struct CachedKeys {
+  int cached, seqlen_k;
+
+  template <class Params>
+  __device__ __forceinline__ CachedKeys(const Params& p, int batch)
+      : cached(p.cache_seqlens == nullptr ? p.seqlen_k - p.seqlen_new : p.cache_seqlens[batch]),
+        seqlen_k(min(cached + p.seqlen_new, p.seqlen_k)) {}
+};
+
 struct KvCacheRows {
   struct Offsets {
     int64_t k, v;  // elements from p.k and p.v
@@ -34,9 +46,9 @@ struct KvCacheRows {
       for (page_shift = 0; (1 << page_shift) < page_size; ++page_shift) {
       }
     }
-    cached = p.cache_seqlens == nullptr ? p.seqlen_k - p.seqlen_new : p.cache_seqlens[batch];
-    // Never past the capacity: the host checks what it can see, this bounds what it cannot.
-    seqlen_k = min(cached + p.seqlen_new, p.seqlen_k);
+    const CachedKeys keys(p, batch);
+    cached = keys.cached;
+    seqlen_k = keys.seqlen_k;
     const int64_t row = pages != nullptr ? 0
                         : p.cache_batch_idx == nullptr ? batch : p.cache_batch_idx[batch];
     k_base = row * p.k_batch_stride + head_kv * p.k_head_stride;

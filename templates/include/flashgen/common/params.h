@@ -59,6 +59,29 @@ struct FwdParams : AttentionParams {
   // hopper family: an int that the launcher zeroes and a persistent grid's blocks claim their next
   // tiles from, in order, as they free up (fwd_kernel.cuh). nullptr: tiles dealt out statically
   int* tile_counter;
+  // hopper family: q and o's (batch, rows) extents as laid out, the bounds of their TMA
+  // descriptors: (batch, seqlen_q), or (1, total rows) for a variable-length batch. 0: batch and
+  // seqlen_q
+  int q_view_batch;
+  int q_view_rows;
+  // hopper family: k and v's (batch, rows) extents as laid out: (batch, seqlen_k), (1, total rows)
+  // packed, (cache rows, capacity) for a contiguous cache, (pages, page_size) for a paged one. 0:
+  // batch and seqlen_k
+  int kv_view_batch;
+  int kv_view_rows;
+  // (batch,): the keys in each sequence's cache before this call's new ones; nullptr: seqlen_k, the
+  // whole cache
+  const int* cache_seqlens;
+  // (batch,): the cache row of each sequence; nullptr: its own index
+  const int* cache_batch_idx;
+  // (batch, pages per sequence): a paged cache's page of each run of page_size keys; k and v are
+  // then (pages, page_size, heads_kv, head_dim). nullptr: a contiguous cache
+  const int* block_table;
+  int64_t block_table_batch_stride;
+  int page_size;
+  // keys appended this call (k_new, by the decode kind's append): a sequence attends to
+  // cache_seqlens + seqlen_new keys
+  int seqlen_new;
 };
 
 struct BwdParams : AttentionParams {
@@ -116,7 +139,8 @@ struct DecodeParams : AttentionParams {
   // (batch, heads, seqlen_q), contiguous, natural log
   float* softmax_lse;
   // blocks that share each (sequence, KV head)'s keys, each an equal share of its key blocks; above
-  // 1 they write o_accum and lse_accum and a second kernel combines them into o and softmax_lse
+  // 1 they write o_accum and lse_accum and a second kernel combines them into o and softmax_lse; 0:
+  // append only (the hopper forward attends, for chunked prefill)
   int num_splits;
   // (num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: each split's normalised output
   float* o_accum;
@@ -133,6 +157,9 @@ struct DecodeParams : AttentionParams {
   const int* block_table;
   int64_t block_table_batch_stride;
   int page_size;
+  // keys appended this call (k_new, by the decode kind's append): a sequence attends to
+  // cache_seqlens + seqlen_new keys
+  int seqlen_new;
   // (batch, seqlen_new, heads_kv, head_dim): keys to append at cache_seqlens (rotated when
   // rotary_dim > 0) before attending; nullptr: none
   const void* k_new;
@@ -144,8 +171,6 @@ struct DecodeParams : AttentionParams {
   int64_t v_new_batch_stride;
   int64_t v_new_row_stride;
   int64_t v_new_head_stride;
-  // rows of k_new and v_new; attention covers cache_seqlens + seqlen_new keys
-  int seqlen_new;
   // (batch, seqlen_q, heads, head_dim): q rotated, written by the append kernel and read by
   // attention in place of q when rotary_dim > 0
   void* q_rot;
@@ -169,7 +194,9 @@ struct DecodeParams : AttentionParams {
   X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
   X(softmax_scale) X(scale_log2) X(mask_offset) X(cu_seqlens_q) X(cu_seqlens_k)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
-  X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter)
+  X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
+  X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \
+  X(cache_batch_idx) X(block_table) X(block_table_batch_stride) X(page_size) X(seqlen_new)
 #define FLASHGEN_BWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
@@ -179,7 +206,7 @@ struct DecodeParams : AttentionParams {
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \
-  X(page_size) X(k_new) X(k_new_batch_stride) X(k_new_row_stride) X(k_new_head_stride) X(v_new) \
-  X(v_new_batch_stride) X(v_new_row_stride) X(v_new_head_stride) X(seqlen_new) X(q_rot) \
-  X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) X(rotary_cos) X(rotary_sin) \
-  X(rotary_dim) X(rotary_interleaved)
+  X(page_size) X(seqlen_new) X(k_new) X(k_new_batch_stride) X(k_new_row_stride) \
+  X(k_new_head_stride) X(v_new) X(v_new_batch_stride) X(v_new_row_stride) X(v_new_head_stride) \
+  X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) X(rotary_cos) \
+  X(rotary_sin) X(rotary_dim) X(rotary_interleaved)

@@ -4,7 +4,9 @@
 // and V tiles by TMA through two rings of kStages buffers (one for K, one for V, so QK^T never
 // waits on V); each consumer warpgroup owns 64 query rows and runs S = Q K^T and O += P V on
 // wgmma, with the online softmax between them. Key blocks run last to first, so the blocks the
-// mask cuts come first and the rest run unmasked.
+// mask cuts come first and the rest run unmasked. The same kernel reads a variable-length batch
+// (packed rows, cu_seqlens_q) and a KV cache, contiguous or paged (chunked prefill): TmaRows says
+// where a tile's rows are.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -12,6 +14,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/seqinfo.cuh"
@@ -88,6 +91,73 @@ struct TileHandoff {
   }
 };
 
+// Where one sequence's rows are in the TMA tensors (rows, head dim, heads, slots), whose slots are
+// the views' leading extent: a query slab's first row and slot, and each key block's. Dense: from
+// row 0 of slot `batch`; packed (a variable-length batch): from the sequence's first row of slot
+// 0; a contiguous cache: row 0 of the cache row cache_batch_idx[batch]; a paged cache: the
+// block's row in its page, whose slot is the page (the launcher takes page sizes that are
+// multiples of kBlockN, so a block never spans two pages).
+//
+// A cache holds whatever was there past a sequence's keys, NaN included, and P = 0 times a NaN
+// of V is NaN. So over a cache a partial last key block loads shifted back to end at the
+// sequence's last key (tail_shift < 0): its rows are then the sequence's keys, the earlier ones
+// (which the previous block counted, so masked: KeysFrom) or rows before the slot's first, which
+// TMA fills with zeros.
+template <int kBlockN>
+struct TmaRows {
+  int q_row0, q_slot;
+  int k_row0, k_slot;
+  const int* pages;  // this sequence's block-table row; nullptr: not paged
+  int page_size;
+  int tail_block, tail_shift;  // the block loaded shifted back, and by how many rows (<= 0)
+
+  TmaRows() = default;
+  __device__ __forceinline__ TmaRows(int q_row0, int q_slot, int k_row0, int k_slot,
+                                     const int* pages, int page_size, int tail_block,
+                                     int tail_shift)
+      : q_row0(q_row0), q_slot(q_slot), k_row0(k_row0), k_slot(k_slot), pages(pages),
+        page_size(page_size), tail_block(tail_block), tail_shift(tail_shift) {}
+  __device__ __forceinline__ TmaRows(FwdParams const& p, DenseSeqs const& seq, bool cache)
+      : q_row0(int(seq.q_start)), q_slot(seq.packed ? 0 : seq.batch), k_row0(int(seq.k_start)),
+        k_slot(p.cache_batch_idx != nullptr ? p.cache_batch_idx[seq.batch] : q_slot),
+        pages(p.block_table == nullptr ? nullptr
+                                       : p.block_table + seq.batch * p.block_table_batch_stride),
+        page_size(p.page_size), tail_block((seq.seqlen_k - 1) / kBlockN),
+        tail_shift(cache && seq.seqlen_k % kBlockN != 0 ? seq.seqlen_k % kBlockN - kBlockN : 0) {}
+
+  // A dense batch's sequence: every row from row 0 of its own slot.
+  __device__ __forceinline__ static TmaRows of_batch(int batch) {
+    return TmaRows{0, batch, 0, batch, nullptr, 0, 0, 0};
+  }
+
+  // Whether key block n_block lies where the blocks from (k_row0, k_slot) in order put it.
+  __device__ __forceinline__ bool in_order(int n_block) const {
+    return pages == nullptr && shift(n_block) == 0;
+  }
+  // How far back key block n_block loads.
+  __device__ __forceinline__ int shift(int n_block) const {
+    return n_block == tail_block ? tail_shift : 0;
+  }
+  // Key block n_block's first row (x) and slot (y).
+  __device__ __forceinline__ int2 key_block(int n_block) const {
+    const int key = n_block * kBlockN;
+    if (pages == nullptr) return {k_row0 + key + shift(n_block), k_slot};
+    const int page = key / page_size;
+    return {key - page * page_size + shift(n_block), pages[page]};
+  }
+};
+
+// A mask that also hides the keys before `first` (those of a shifted tail block that the
+// previous block has counted).
+template <class Mask>
+struct KeysFrom {
+  Mask mask;
+  int first;
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    return col >= first && mask.visible(row, col);
+  }
+};
+
 // The TMA descriptors, one kernel parameter in constant space.
 template <class TmaQ, class TmaK, class TmaV, class TmaO>
 struct FwdTmas {
@@ -96,6 +166,26 @@ struct FwdTmas {
   TmaV v;
   TmaO o;
 };
+
+// A consumer's staged output slab (64 x head dim, shared memory) -> its rows inside the sequence
+// (those from row0 on, at most 64), 16 bytes per store by the warpgroup's 128 threads. A swizzled
+// slab keeps each aligned 8-element run of a row contiguous.
+template <int kHeadDim, class Slab>
+__device__ __forceinline__ void store_rows(Slab const& slab, FwdParams const& p,
+                                           DenseSeqs const& seq, int head, int row0, int thread) {
+  using Element = typename Slab::value_type;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte runs per row
+  const int rows = min(64, seq.seqlen_q - row0);
+  Element* out = static_cast<Element*>(p.o) +
+                 seq.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, head) +
+                 int64_t(row0) * p.o_row_stride;
+  for (int i = thread; i < rows * kChunks; i += 128) {
+    const int row = i / kChunks;
+    const int col = i % kChunks * 8;
+    *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) =
+        *reinterpret_cast<const uint4*>(&slab(row, col));
+  }
+}
 
 // One warpgroup's GEMM: c (+)= a * b over every k-block, issued and committed, not waited for.
 template <bool kZeroInit, class TiledMma, class A, class B, class C>
@@ -116,7 +206,10 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, A const& a, B cons
   warpgroup_fence_operand(c);
 }
 
-template <class Traits, class Mask, class Tmas>
+// kDense: every sequence is a (batch, seq) slice of q, k, v and o, as from flash_attn_func; else
+// also packed variable-length batches and KV caches (TmaRows), whose run-time branches cost dense
+// calls 1-3% (H100), hence an instantiation of their own.
+template <class Traits, class Mask, bool kDense, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
   using namespace cute;
@@ -136,18 +229,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // decisions from them.
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int tiles = m_blocks * p.heads * p.batch;
+  // Over a KV cache a sequence sees its cached keys and the appended ones, masked bottom-right.
+  const bool reads_cache =
+      !kDense && (p.cache_seqlens != nullptr || p.cache_batch_idx != nullptr || p.block_table != nullptr);
   struct Work {
     TileCoord tile;
     DenseSeqs seq;
+    TmaRows<kBlockN> rows;
     Mask mask;
-    int n_blocks;  // key blocks this tile visits: n_blocks - 1 down to 0
+    bool past_end;  // a packed sequence shorter than the longest: nothing to compute or store
+    int n_blocks;   // key blocks this tile visits: n_blocks - 1 down to 0
   };
   auto work_of = [&](int index) {
     const TileCoord tile = TileCoord::of<Mask::kHidesKeys>(index, m_blocks, p.heads);
-    const DenseSeqs seq(p, tile.batch);
+    DenseSeqs seq(p, tile.batch);
+    if (reads_cache) {
+      seq.seqlen_k = CachedKeys(p, tile.batch).seqlen_k;
+      seq.mask_offset = seq.seqlen_k - seq.seqlen_q;
+    }
     const Mask mask(seq.seqlen_k, seq.mask_offset);
+    const bool past_end = !kDense && tile.m_block * kBlockM >= seq.seqlen_q;
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
-    return Work{tile, seq, mask, mask.template key_block_end<kBlockN>(last_row)};
+    const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)
+                             : TmaRows<kBlockN>(p, seq, reads_cache);
+    return Work{tile, seq, rows, mask, past_end,
+                past_end ? 0 : mask.template key_block_end<kBlockN>(last_row)};
   };
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
@@ -190,9 +296,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
     if (!producer_thread) return;
 
-    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
-    Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
-    Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
+    Tensor mK =
+        tmas.k.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
+    Tensor mV =
+        tmas.v.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
     auto k_state = cutlass::make_producer_start_state<Pipeline>();
     auto v_state = cutlass::make_producer_start_state<Pipeline>();
     int q_loads = 0;
@@ -202,26 +310,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const Work w = work_of(index);
       if (w.n_blocks == 0) continue;
       const int head_kv = w.tile.head / (p.heads / p.heads_kv);
-      // (64-row slab, head dim, slabs) of this head's queries; (block_n, head dim, blocks) of
-      // its keys and values.
-      Tensor gQ = local_tile(mQ(_, _, w.tile.head, w.tile.batch), Shape<_64, HD>{},
-                             make_coord(_, _0{}));
-      Tensor gK = local_tile(mK(_, _, head_kv, w.tile.batch), Shape<Int<kBlockN>, HD>{},
-                             make_coord(_, _0{}));
-      Tensor gV = local_tile(mV(_, _, head_kv, w.tile.batch), Shape<Int<kBlockN>, HD>{},
-                             make_coord(_, _0{}));
+      // (64-row slab, head dim, slabs) of this head's queries.
+      Tensor gQ = local_tile(
+          domain_offset(make_coord(w.rows.q_row0, _0{}), mQ(_, _, w.tile.head, w.rows.q_slot)),
+          Shape<_64, HD>{}, make_coord(_, _0{}));
       auto [tQgQ, tQsQ] = tma_partition(tmas.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                         group_modes<0, 2>(gQ));
-      auto [tKgK, tKsK] = tma_partition(tmas.k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-      auto [tVgV, tVsV] = tma_partition(tmas.v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                        group_modes<0, 2>(gV));
+      // (block_n, head dim, blocks) of this head's keys or values (the tma's tensor m) from
+      // `row` of `slot`, partitioned for the tma: the sequence's blocks in order, and where a
+      // block lies elsewhere (a page, a shifted tail), a tiling from its own row.
+      auto key_blocks = [&](auto const& tma, auto const& m, auto const& s, int row, int slot) {
+        return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
+                             group_modes<0, 2>(local_tile(
+                                 domain_offset(make_coord(row, _0{}), m(_, _, head_kv, slot)),
+                                 Shape<Int<kBlockN>, HD>{}, make_coord(_, _0{}))));
+      };
+      auto [tKgK, tKsK] = key_blocks(tmas.k, mK, sK, w.rows.k_row0, w.rows.k_slot);
+      auto [tVgV, tVsV] = key_blocks(tmas.v, mV, sV, w.rows.k_row0, w.rows.k_slot);
+      // Key block n_block of K or V into the ring's next stage.
+      auto load_key_block = [&](auto const& tma, auto const& m, auto const& s, auto const& g_in_order,
+                                auto const& stages, Pipeline& pipeline, auto& state, int n_block) {
+        pipeline.producer_acquire(state);
+        auto& barrier = *pipeline.producer_get_barrier(state);
+        if (kDense || w.rows.in_order(n_block)) {
+          copy(tma.with(barrier), g_in_order(_, n_block), stages(_, state.index()));
+        } else {
+          const int2 at = w.rows.key_block(n_block);
+          copy(tma.with(barrier), get<0>(key_blocks(tma, m, s, at.x, at.y))(_, 0),
+               stages(_, state.index()));
+        }
+        ++state;
+      };
 
       int n_block = w.n_blocks - 1;
-      pipeline_k.producer_acquire(k_state);
-      copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block),
-           tKsK(_, k_state.index()));
-      ++k_state;
+      load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block);
       // Q's buffer is free once the consumers are done with the previous Q (and, without an own
       // output buffer, with the output staged over it).
       if (q_loads > 0) Barrier::wait(&smem.q_free, (q_loads - 1) & 1);
@@ -234,15 +356,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // K one block ahead of V: the consumers need K of block n before V of block n + 1.
       for (; n_block >= 0; --n_block) {
         if (n_block > 0) {
-          pipeline_k.producer_acquire(k_state);
-          copy(tmas.k.with(*pipeline_k.producer_get_barrier(k_state)), tKgK(_, n_block - 1),
-               tKsK(_, k_state.index()));
-          ++k_state;
+          load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block - 1);
         }
-        pipeline_v.producer_acquire(v_state);
-        copy(tmas.v.with(*pipeline_v.producer_get_barrier(v_state)), tVgV(_, n_block),
-             tVsV(_, v_state.index()));
-        ++v_state;
+        load_key_block(tmas.v, mV, sV, tVgV, tVsV, pipeline_v, v_state, n_block);
       }
     }
     return;
@@ -268,7 +384,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
   auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
   auto thr_store = store.get_thread_slice(thread);
-  Tensor mO = tmas.o.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+  Tensor mO = tmas.o.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
 
   // Ping-pong: consumer c issues its GEMMs between waiting on turn c and passing turn c + 1. In
   // each tile the last consumer opens the first turn; every consumer has the same number of
@@ -291,10 +407,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int index = handoff.receive(t);
     if (index >= tiles) break;
     const Work w = work_of(index);
+    if (w.past_end) continue;
     const int row0 = w.tile.m_block * kBlockM + consumer * 64;
     auto masked = [&](int n_block) {
-      if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
-        apply_mask(w.mask, tSrS, tScS, row0, n_block * kBlockN);
+      const int col0 = n_block * kBlockN;
+      if (const int shift = w.rows.shift(n_block); !kDense && shift != 0) {
+        apply_mask(KeysFrom<Mask>{w.mask, col0}, tSrS, tScS, row0, col0 + shift);
+      } else if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
+        apply_mask(w.mask, tSrS, tScS, row0, col0);
       }
     };
     OnlineSoftmax softmax(p.scale_log2);
@@ -393,7 +513,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
 
     // O: registers -> this consumer's rows of the output buffer (its own, or Q's once its last
-    // QK^T has read them) -> global by TMA, which drops the rows past seqlen_q.
+    // QK^T has read them) -> global by TMA, which drops the rows past the tensor's. A packed
+    // sequence's last slab would spill into the next sequence's rows: its threads store the
+    // rows inside the sequence themselves.
     convert_into(tOrO_out, tOrO);
     // The previous tile's store of the same rows must have read them. In Q's buffer the next
     // Q load waited for that, except after a tile without keys, which loaded no Q.
@@ -402,11 +524,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       named_sync(kEpilogueBarrier + consumer, 128);
     }
     copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sO(_, _, consumer)));
+    const bool spills = !kDense && w.seq.packed && row0 + 64 > w.seq.seqlen_q;
+    if (spills) {
+      named_sync(kEpilogueBarrier + consumer, 128);
+      store_rows<Traits::kHeadDim>(sO(_, _, consumer), p, w.seq, w.tile.head, row0, thread);
+      if constexpr (!Traits::kOwnOutputBuffer) {
+        named_sync(kEpilogueBarrier + consumer, 128);  // every thread has read the rows
+        if (thread == 0 && w.n_blocks > 0) Barrier::arrive(&smem.q_free);
+      }
+      continue;
+    }
     cutlass::arch::fence_view_async_shared();
     named_sync(kEpilogueBarrier + consumer, 128);
     if (thread == 0) {
-      Tensor gO = local_tile(mO(_, _, w.tile.head, w.tile.batch), Shape<_64, HD>{},
-                             make_coord(_, _0{}));
+      Tensor gO = local_tile(
+          domain_offset(make_coord(w.rows.q_row0, _0{}), mO(_, _, w.tile.head, w.rows.q_slot)),
+          Shape<_64, HD>{}, make_coord(_, _0{}));
       auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                         group_modes<0, 2>(gO));
       copy(tmas.o, tOsO(_, consumer), tOgO(_, w.tile.m_block * kConsumers + consumer));

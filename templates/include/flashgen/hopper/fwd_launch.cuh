@@ -29,14 +29,14 @@ auto make_fwd_tmas(const FwdParams& p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  auto q = gmem_heads<Element, kHeadDim>(p.q, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
-                                         p.q_head_stride, p.q_batch_stride);
-  auto k = gmem_heads<Element, kHeadDim>(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
-                                         p.k_head_stride, p.k_batch_stride);
-  auto v = gmem_heads<Element, kHeadDim>(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
-                                         p.v_head_stride, p.v_batch_stride);
-  auto o = gmem_heads<Element, kHeadDim>(p.o, p.seqlen_q, p.heads, p.batch, p.o_row_stride,
-                                         p.o_head_stride, p.o_batch_stride);
+  auto q = gmem_heads<Element, kHeadDim>(p.q, p.q_view_rows, p.heads, p.q_view_batch,
+                                         p.q_row_stride, p.q_head_stride, p.q_batch_stride);
+  auto k = gmem_heads<Element, kHeadDim>(p.k, p.kv_view_rows, p.heads_kv, p.kv_view_batch,
+                                         p.k_row_stride, p.k_head_stride, p.k_batch_stride);
+  auto v = gmem_heads<Element, kHeadDim>(p.v, p.kv_view_rows, p.heads_kv, p.kv_view_batch,
+                                         p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  auto o = gmem_heads<Element, kHeadDim>(p.o, p.q_view_rows, p.heads, p.q_view_batch,
+                                         p.o_row_stride, p.o_head_stride, p.o_batch_stride);
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SlabLayout{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
   auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
@@ -45,16 +45,11 @@ auto make_fwd_tmas(const FwdParams& p) {
       tma_q, tma_k, tma_v, tma_o};
 }
 
-// Mask: a policy of common/mask.cuh.
-template <class Traits, class Mask>
-cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t blocks = m_blocks * p.batch * p.heads;
-  if (blocks == 0) return cudaSuccess;
-  if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
-
-  const auto tmas = make_fwd_tmas<Traits>(p);
-  auto kernel = fwd_kernel<Traits, Mask, decltype(tmas)>;
+// The kernel on its grid: one block per tile, or (with an own output buffer) a persistent grid.
+template <class Traits, class Mask, bool kDense, class Tmas>
+cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks,
+                              cudaStream_t stream) {
+  auto kernel = fwd_kernel<Traits, Mask, kDense, Tmas>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
@@ -65,7 +60,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   // here; without a counter from the caller, one block per tile. Without an own output buffer a
   // walking block gains nothing over a fresh one: one block per tile, which the kernel assumes
   // there (a tile without keys stages its output over Q).
-  FwdParams params = p;
+  int* const counter = params.tile_counter;
   params.tile_counter = nullptr;
   int64_t grid = blocks;
   if constexpr (Traits::kOwnOutputBuffer) {
@@ -77,17 +72,45 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     }
     if (!Mask::kHidesKeys) {
       grid = std::min<int64_t>(blocks, sms);
-    } else if (p.tile_counter != nullptr && blocks > sms) {
-      if (cudaError_t err = cudaMemsetAsync(p.tile_counter, 0, sizeof(int), stream);
+    } else if (counter != nullptr && blocks > sms) {
+      if (cudaError_t err = cudaMemsetAsync(counter, 0, sizeof(int), stream);
           err != cudaSuccess) {
         return err;
       }
-      params.tile_counter = p.tile_counter;
+      params.tile_counter = counter;
       grid = sms;
     }
   }
   kernel<<<unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream>>>(params, tmas);
   return cudaGetLastError();
+}
+
+// Mask: a policy of common/mask.cuh.
+template <class Traits, class Mask>
+cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
+  const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t blocks = m_blocks * p.batch * p.heads;
+  if (blocks == 0) return cudaSuccess;
+  if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
+
+  // A paged cache's block never spans two pages (TmaRows).
+  if (p.block_table != nullptr && (p.page_size <= 0 || p.page_size % Traits::kBlockN != 0)) {
+    return cudaErrorNotSupported;
+  }
+  FwdParams params = p;
+  if (params.q_view_batch == 0) {
+    params.q_view_batch = p.batch;
+    params.q_view_rows = p.seqlen_q;
+  }
+  if (params.kv_view_batch == 0) {
+    params.kv_view_batch = p.batch;
+    params.kv_view_rows = p.seqlen_k;
+  }
+  const auto tmas = make_fwd_tmas<Traits>(params);
+  const bool dense = p.cu_seqlens_q == nullptr && p.cache_seqlens == nullptr &&
+                     p.cache_batch_idx == nullptr && p.block_table == nullptr;
+  return dense ? launch_fwd_kernel<Traits, Mask, true>(params, tmas, blocks, stream)
+               : launch_fwd_kernel<Traits, Mask, false>(params, tmas, blocks, stream);
 }
 
 }  // namespace flashgen::hopper

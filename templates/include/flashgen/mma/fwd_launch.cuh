@@ -17,6 +17,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int64_t blocks = num_m_blocks * p.batch * p.heads;
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
+  // This family's forward reads dense or packed k and v, not a KV cache.
+  if (p.cache_seqlens != nullptr || p.cache_batch_idx != nullptr || p.block_table != nullptr) {
+    return cudaErrorNotSupported;
+  }
 
   auto kernel = fwd_kernel<Traits, Mask>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
