@@ -1,5 +1,7 @@
 """Attention over a KV cache on validated tensors: one launch of a compiled decode kernel (append
-and rotary, split-KV attention, combine), its split of the keys chosen here."""
+and rotary, split-KV attention, combine), its split of the keys chosen here; or, for chunked
+prefill where a family's forward reads the cache (the hopper family), the decode kernel's append
+and then that forward."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 from codegen import params
 from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
-from flashgen import dispatch, launch, loader, registry
+from flashgen import dispatch, forward, launch, loader, registry
 
 _LOG2_E = math.log2(math.e)
 # Splits below this many key blocks each spend more on their start and on the combine than they
@@ -21,6 +23,9 @@ MIN_KEY_BLOCKS_PER_SPLIT = 4
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
 PREFILL_ROWS = 256
 MAX_SPLITS = 128
+# Calls with at least this many new tokens run on a forward that reads the cache where one is
+# configured (the hopper family on sm_90): a tile of its query rows per query head.
+FORWARD_PREFILL_TOKENS = 128
 
 
 @functools.lru_cache(maxsize=4096)  # a Python loop: decided once per shape, not per call
@@ -72,13 +77,19 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     packed_rows = seqlen_q * (heads // heads_kv)
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS)
     spec = launcher.spec
+    attention = None
+    if num_splits == 0:  # a forced split count runs on the decode kernel, which splits
+        attention = _cache_forward(device_index, dtype, head_dim, mask, batch * heads, seqlen_q,
+                                   q, k_cache, v_cache, paged)
 
     # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
-    if num_splits == 0:
+    if attention is not None:
+        num_splits = 0  # the decode launch appends only
+    elif num_splits == 0:
         packed_blocks = -(-packed_rows // spec.tile.block_m)
         num_splits = choose_splits(batch * heads_kv * packed_blocks,
                                    -(-capacity // spec.tile.block_n), slots)
@@ -107,9 +118,37 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         rotary_sin=rotary_sin.data_ptr() if rotary else 0,
         rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
         rotary_interleaved=int(rotary_interleaved))
-    launch.call_on_device(loader.binding().decode, device_index,
-                          (launcher.address, launcher.error_string_address, *args))
+    if attention is None or k_new is not None or rotary:
+        launch.call_on_device(loader.binding().decode, device_index,
+                              (launcher.address, launcher.error_string_address, *args))
+    if attention is not None:
+        forward_launcher, fields = attention
+        cache = {name: getattr(args, name) for name in _CACHE_FIELDS}
+        forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
+                    scale, capacity - seqlen_q, {**fields, **cache}, batch=batch,
+                    seqlen_k=capacity)
     return out, lse
+
+
+_CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
+
+
+def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
+                   seqlen_q: int, q, k_cache, v_cache, paged: bool):
+    """The (launcher, fields) of a forward that runs this call over the cache (chunked
+    prefill), or None for the decode kernel: too few new tokens, no family's forward reads a
+    cache at this head dim, pages that are not whole key blocks of its tile, or views its TMA
+    descriptors cannot take."""
+    if seqlen_q < FORWARD_PREFILL_TOKENS:
+        return None
+    attention = forward.plan(device_index, dtype, head_dim, mask, batch_heads, seqlen_q, "cache")
+    if attention is None:
+        return None
+    if paged and k_cache.shape[1] % attention[0].spec.tile.block_n:
+        return None
+    if not all(launch.is_aligned(t, tma=True) for t in (q, k_cache, v_cache)):
+        return None
+    return attention
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, seqlen_q: int,

@@ -162,7 +162,36 @@ def test_any_split_gives_the_same_result(num_splits, page_size, poisoned_allocat
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_append_writes_the_new_keys_and_attends_to_them(dtype, head_dim, new, causal, page_size,
                                                         rotary, poisoned_allocations):
-    batch, capacity, heads_q, heads_kv = 4, 480, 8, 2
+    check_append(dtype, head_dim, new, causal, page_size, rotary, capacity=480)
+
+
+@pytest.mark.parametrize("rotary", [None, "halves"])
+@pytest.mark.parametrize("page_size", [None, 64, 128, 256],
+                         ids=lambda p: f"page{p}" if p else "dense")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"hd{d}")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+def test_chunked_prefill_attends_on_a_forward_that_reads_the_cache(
+        dtype, head_dim, causal, page_size, rotary, poisoned_allocations, monkeypatch):
+    """130 new tokens (FORWARD_PREFILL_TOKENS or more): on sm_90 the decode kernel appends and
+    the hopper forward attends over the cache, reading pages of whole key blocks (128 keys at
+    these head dims; page 64 runs on the decode kernel), partial last blocks past NaN slots."""
+    from flashgen import decode, forward
+
+    assert 130 >= decode.FORWARD_PREFILL_TOKENS
+    specs, run = [], forward.run
+    monkeypatch.setattr(forward, "run", lambda launcher, *args, **kwargs: (
+        specs.append(launcher.spec), run(launcher, *args, **kwargs))[1])
+    check_append(dtype, head_dim, 130, causal, page_size, rotary, capacity=768)
+    on_forward = torch.cuda.get_device_capability() == (9, 0) and page_size != 64
+    assert [s.family for s in specs] == (["hopper"] if on_forward else [])
+
+
+def check_append(dtype, head_dim, new, causal, page_size, rotary, capacity):
+    """Appends `new` keys (rotated as `rotary` says) to caches of lengths 0, 1, odd and full:
+    the cache holds them exactly there and is unchanged elsewhere, and the output attends to
+    them."""
+    batch, heads_q, heads_kv = 4, 8, 2
     lengths = lengths_for(batch, capacity, new)
     cache = Cache(batch, capacity, heads_kv, head_dim, dtype, lengths, page_size)
     before = [cache.logical(t).clone() for t in (cache.k, cache.v)]
@@ -204,13 +233,14 @@ def test_append_writes_the_new_keys_and_attends_to_them(dtype, head_dim, new, ca
     assert_close_fa2(out, ref, same_dtype)
 
 
-def test_cache_batch_idx_picks_rows(poisoned_allocations):
+@pytest.mark.parametrize("seqlen_q", [1, 130])  # the decode kernel, and a forward on sm_90
+def test_cache_batch_idx_picks_rows(seqlen_q, poisoned_allocations):
     dtype, lengths = torch.float16, [100, 200, 50]
     cache = Cache(3, 256, 2, 64, dtype, lengths)
     rows = torch.tensor([2, 0, 4], dtype=torch.int32, device="cuda")
     k, v = (torch.full((5, 256, 2, 64), math.nan, dtype=dtype, device="cuda") for _ in range(2))
     k[rows.long()], v[rows.long()] = cache.k, cache.v
-    q = torch.randn(3, 1, 8, 64, device="cuda").to(dtype)
+    q = torch.randn(3, seqlen_q, 8, 64, device="cuda").to(dtype)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     out = flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, cache_batch_idx=rows)
     ref, _, same_dtype = reference(q, cache.k, cache.v, lengths, False)

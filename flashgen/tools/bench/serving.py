@@ -33,7 +33,7 @@ DECODE_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (128, 64), "heads": ((32
                "new_tokens": (1, 4), "page_sizes": (0, 16, 64)}
 PREFILL_GRID = {"dtypes": ("bf16",), "head_dims": (128,), "heads": ((32, 8),), "batches": (1,),
                 "cache_lengths": (8192, 32768, 131072), "new_tokens": (512, 2048),
-                "page_sizes": (0,)}
+                "page_sizes": (0, 64, 256)}
 MAX_CACHE_BYTES = 40 << 30  # cells whose K + V exceed this are skipped
 LARGE_CACHE_BYTES = 256 << 20  # the bandwidth target applies above this
 

@@ -1,5 +1,5 @@
 // Host side of one decode specialisation: append (when the call brings new keys), split-KV
-// attention, combine (when split). Every kernel in the caller's stream; no device reads, no
+// attention (unless num_splits is 0), combine (when split). Every kernel in the caller's stream; no device reads, no
 // allocation, so a CUDA graph replays it with new cache_seqlens and block tables.
 #pragma once
 
@@ -30,6 +30,8 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
       attention.q_head_stride = p.q_rot_head_stride;
     }
   }
+
+  if (p.num_splits == 0) return cudaSuccess;  // append only: the hopper forward attends
 
   const int packed_rows = p.seqlen_q * (p.heads / p.heads_kv);
   const dim3 grid(unsigned((packed_rows + Traits::kBlockM - 1) / Traits::kBlockM),
