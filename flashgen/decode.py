@@ -16,9 +16,6 @@ from codegen.families.mma import resources
 from flashgen import dispatch, forward, launch, loader, registry
 
 _LOG2_E = math.log2(math.e)
-# Splits below this many key blocks each spend more on their start and on the combine than they
-# gain in parallelism.
-MIN_KEY_BLOCKS_PER_SPLIT = 4
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
 PREFILL_ROWS = 256
@@ -35,14 +32,13 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
     work_blocks: blocks without a split; key_blocks: key blocks of the longest sequence the cache
     holds (its capacity: the lengths live on the device and are not read); slots: blocks the GPU
     runs at once. Grids that already fill most slots run unsplit. Otherwise the count, up to one
-    wave's worth, whose waves fill the slots best (decode is bandwidth-bound: an SM running fewer blocks than the
-    others reads less), the fewest among equals, each split keeping at least
-    MIN_KEY_BLOCKS_PER_SPLIT key blocks."""
+    wave's worth, whose waves fill the slots best (decode is bandwidth-bound: an SM running fewer
+    blocks than the others reads less), the fewest among equals, each split at least one key
+    block: a short cache gains most from many short splits (docs/performance.md, section 4)."""
     if work_blocks <= 0 or work_blocks >= 0.8 * slots:
         return 1
     # More than a wave's worth of splits buys no parallelism, only combine work.
-    most = max(1, min(MAX_SPLITS, key_blocks // MIN_KEY_BLOCKS_PER_SPLIT,
-                      -(-slots // work_blocks)))
+    most = max(1, min(MAX_SPLITS, key_blocks, -(-slots // work_blocks)))
 
     def efficiency(splits: int) -> float:
         waves = work_blocks * splits / slots

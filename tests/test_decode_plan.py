@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from flashgen.decode import MAX_SPLITS, MIN_KEY_BLOCKS_PER_SPLIT, choose_splits  # noqa: E402
+from flashgen.decode import MAX_SPLITS, choose_splits  # noqa: E402
 
 SLOTS = 264  # an H100: 132 SMs x 2 blocks of the default decode tiles
 
@@ -19,9 +19,10 @@ def test_one_sequence_fills_a_whole_wave():
     assert choose_splits(8, 2048, SLOTS) == 33
 
 
-def test_a_split_keeps_enough_key_blocks():
-    assert choose_splits(8, 16, SLOTS) == 16 // MIN_KEY_BLOCKS_PER_SPLIT
-    assert choose_splits(8, 3, SLOTS) == 1
+def test_a_split_keeps_a_key_block():
+    assert choose_splits(8, 16, SLOTS) == 16
+    assert choose_splits(8, 3, SLOTS) == 3
+    assert choose_splits(64, 8, SLOTS) == 4  # 256 of 264 slots, two key blocks each
 
 
 def test_no_more_than_a_wave_of_splits():
