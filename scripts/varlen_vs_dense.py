@@ -3,8 +3,8 @@ forward and forward + backward, in one process (the issue's "within 3%" check).
 
     python3 scripts/varlen_vs_dense.py [--family mma]
 
---family pins flash_attn_func's forward to one family (varlen runs on the mma family; on an
-H100 flash_attn_func's forward otherwise runs on the hopper family)."""
+--family pins both functions' forward to one family (unset: dispatch's choice, the hopper family
+on an H100)."""
 
 import argparse
 import os
