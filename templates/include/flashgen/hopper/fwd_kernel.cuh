@@ -100,50 +100,45 @@ struct TileHandoff {
 //
 // A cache holds whatever was there past a sequence's keys, NaN included, and P = 0 times a NaN
 // of V is NaN. So over a cache a partial last key block loads shifted back to end at the
-// sequence's last key (tail_shift < 0): its rows are then the sequence's keys, the earlier ones
+// sequence's last key (shift < 0): its rows are then the sequence's keys, the earlier ones
 // (which the previous block counted, so masked: KeysFrom) or rows before the slot's first, which
 // TMA fills with zeros.
 template <int kBlockN>
 struct TmaRows {
-  int q_row0, q_slot;
+  int q_row0, q_slot;  // a paged cache's q is dense: q_slot is then the sequence's batch index
   int k_row0, k_slot;
-  const int* pages;  // this sequence's block-table row; nullptr: not paged
-  int page_size;
-  int tail_block, tail_shift;  // the block loaded shifted back, and by how many rows (<= 0)
+  int cached_keys;  // over a cache, the sequence's keys (its tail block loads shifted); else 0
 
-  TmaRows() = default;
-  __device__ __forceinline__ TmaRows(int q_row0, int q_slot, int k_row0, int k_slot,
-                                     const int* pages, int page_size, int tail_block,
-                                     int tail_shift)
-      : q_row0(q_row0), q_slot(q_slot), k_row0(k_row0), k_slot(k_slot), pages(pages),
-        page_size(page_size), tail_block(tail_block), tail_shift(tail_shift) {}
-  __device__ __forceinline__ TmaRows(FwdParams const& p, DenseSeqs const& seq, bool cache)
-      : q_row0(int(seq.q_start)), q_slot(seq.packed ? 0 : seq.batch), k_row0(int(seq.k_start)),
-        k_slot(p.cache_batch_idx != nullptr ? p.cache_batch_idx[seq.batch] : q_slot),
-        pages(p.block_table == nullptr ? nullptr
-                                       : p.block_table + seq.batch * p.block_table_batch_stride),
-        page_size(p.page_size), tail_block((seq.seqlen_k - 1) / kBlockN),
-        tail_shift(cache && seq.seqlen_k % kBlockN != 0 ? seq.seqlen_k % kBlockN - kBlockN : 0) {}
-
+  __device__ __forceinline__ static TmaRows of(FwdParams const& p, DenseSeqs const& seq,
+                                              bool cache) {
+    const int q_slot = seq.packed ? 0 : seq.batch;
+    return {int(seq.q_start), q_slot, int(seq.k_start),
+            p.cache_batch_idx != nullptr ? p.cache_batch_idx[seq.batch] : q_slot,
+            cache ? seq.seqlen_k : 0};
+  }
   // A dense batch's sequence: every row from row 0 of its own slot.
   __device__ __forceinline__ static TmaRows of_batch(int batch) {
-    return TmaRows{0, batch, 0, batch, nullptr, 0, 0, 0};
+    return {0, batch, 0, batch, 0};
   }
 
   // Whether key block n_block lies where the blocks from (k_row0, k_slot) in order put it.
-  __device__ __forceinline__ bool in_order(int n_block) const {
-    return pages == nullptr && shift(n_block) == 0;
+  __device__ __forceinline__ bool in_order(FwdParams const& p, int n_block) const {
+    return p.block_table == nullptr && shift(n_block) == 0;
   }
-  // How far back key block n_block loads.
+  // How far back key block n_block loads: a partial last block of a cache's keys, to end at the
+  // last key.
   __device__ __forceinline__ int shift(int n_block) const {
-    return n_block == tail_block ? tail_shift : 0;
+    const int partial = cached_keys % kBlockN;
+    return partial != 0 && n_block == cached_keys / kBlockN ? partial - kBlockN : 0;
   }
-  // Key block n_block's first row (x) and slot (y).
-  __device__ __forceinline__ int2 key_block(int n_block) const {
+  // Key block n_block's first row (x) and slot (y). The block table and page size stay in the
+  // kernel's parameters (no registers held across the loop: the producer has few).
+  __device__ __forceinline__ int2 key_block(FwdParams const& p, int n_block) const {
     const int key = n_block * kBlockN;
-    if (pages == nullptr) return {k_row0 + key + shift(n_block), k_slot};
-    const int page = key / page_size;
-    return {key - page * page_size + shift(n_block), pages[page]};
+    if (p.block_table == nullptr) return {k_row0 + key + shift(n_block), k_slot};
+    const int page = key / p.page_size;
+    return {key - page * p.page_size + shift(n_block),
+            p.block_table[q_slot * p.block_table_batch_stride + page]};
   }
 };
 
@@ -251,7 +246,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const bool past_end = !kDense && tile.m_block * kBlockM >= seq.seqlen_q;
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
     const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)
-                             : TmaRows<kBlockN>(p, seq, reads_cache);
+                             : TmaRows<kBlockN>::of(p, seq, reads_cache);
     return Work{tile, seq, rows, mask, past_end,
                 past_end ? 0 : mask.template key_block_end<kBlockN>(last_row)};
   };
@@ -332,10 +327,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                 auto const& stages, Pipeline& pipeline, auto& state, int n_block) {
         pipeline.producer_acquire(state);
         auto& barrier = *pipeline.producer_get_barrier(state);
-        if (kDense || w.rows.in_order(n_block)) {
+        if (kDense || w.rows.in_order(p, n_block)) {
           copy(tma.with(barrier), g_in_order(_, n_block), stages(_, state.index()));
         } else {
-          const int2 at = w.rows.key_block(n_block);
+          const int2 at = w.rows.key_block(p, n_block);
           copy(tma.with(barrier), get<0>(key_blocks(tma, m, s, at.x, at.y))(_, 0),
                stages(_, state.index()));
         }
