@@ -26,7 +26,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     all at cache_seqlens. cache_seqlens: int or (batch,) int32, the keys already cached (None:
     the whole cache). cache_batch_idx: (batch,) int32, each sequence's row of a contiguous
     cache. block_table: (batch, max_pages) int32. num_splits: 0 chooses how many blocks share
-    each sequence's keys (and lets calls of 128 or more new tokens attend on a forward that
+    each sequence's keys (and lets calls of 256 or more new tokens attend on a forward that
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
     N on the decode kernel. The causal mask is aligned bottom-right. Returns out
     (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out, softmax_lse), lse

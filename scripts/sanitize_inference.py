@@ -1,5 +1,5 @@
 """Calls flash_attn_with_kvcache (append + rotary, paged and contiguous, split and not, the
-prefill tile, and 130 new tokens on the forward that reads the cache: the hopper family on an
+prefill tile, and 260 new tokens on the forward that reads the cache: the hopper family on an
 H100) and flash_attn_varlen_func (forward and backward) at odd sizes, for
 compute-sanitizer; each result is checked against a CPU reference, so a clean report also means a
 right answer.
@@ -26,7 +26,7 @@ def check(out, q, keys, values, causal):
 for dtype, head_dim, page, new, splits, causal in [
         (torch.bfloat16, 128, 48, 3, 0, True), (torch.float16, 64, 1, 1, 5, False),
         (torch.bfloat16, 64, None, 2, 1, True), (torch.float16, 128, 16, 70, 0, True),
-        (torch.bfloat16, 128, 128, 130, 0, True), (torch.float16, 64, None, 130, 0, False)]:
+        (torch.bfloat16, 128, 128, 260, 0, True), (torch.float16, 64, None, 260, 0, False)]:
     batch, heads, heads_kv, capacity = 3, 8, 2, 768
     lengths = [0, 37, capacity - new]
     q = torch.randn(batch, new, heads, head_dim, device="cuda", dtype=dtype)

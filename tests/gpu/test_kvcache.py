@@ -173,16 +173,16 @@ def test_append_writes_the_new_keys_and_attends_to_them(dtype, head_dim, new, ca
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
 def test_chunked_prefill_attends_on_a_forward_that_reads_the_cache(
         dtype, head_dim, causal, page_size, rotary, poisoned_allocations, monkeypatch):
-    """130 new tokens (FORWARD_PREFILL_TOKENS or more): on sm_90 the decode kernel appends and
+    """260 new tokens (FORWARD_PREFILL_TOKENS or more): on sm_90 the decode kernel appends and
     the hopper forward attends over the cache, reading pages of whole key blocks (128 keys at
     these head dims; page 64 runs on the decode kernel), partial last blocks past NaN slots."""
     from flashgen import decode, forward
 
-    assert 130 >= decode.FORWARD_PREFILL_TOKENS
+    assert 260 >= decode.FORWARD_PREFILL_TOKENS
     specs, run = [], forward.run
     monkeypatch.setattr(forward, "run", lambda launcher, *args, **kwargs: (
         specs.append(launcher.spec), run(launcher, *args, **kwargs))[1])
-    check_append(dtype, head_dim, 130, causal, page_size, rotary, capacity=768)
+    check_append(dtype, head_dim, 260, causal, page_size, rotary, capacity=768)
     on_forward = torch.cuda.get_device_capability() == (9, 0) and page_size != 64
     assert [s.family for s in specs] == (["hopper"] if on_forward else [])
 
@@ -233,7 +233,7 @@ def check_append(dtype, head_dim, new, causal, page_size, rotary, capacity):
     assert_close_fa2(out, ref, same_dtype)
 
 
-@pytest.mark.parametrize("seqlen_q", [1, 130])  # the decode kernel, and a forward on sm_90
+@pytest.mark.parametrize("seqlen_q", [1, 260])  # the decode kernel, and a forward on sm_90
 def test_cache_batch_idx_picks_rows(seqlen_q, poisoned_allocations):
     dtype, lengths = torch.float16, [100, 200, 50]
     cache = Cache(3, 256, 2, 64, dtype, lengths)
