@@ -63,8 +63,8 @@ ATTENTION_FIELDS = (
           default=0),
 )
 
-# Where a sequence's keys are when k and v are a KV cache: read by the decode kind, and by the hopper
-# family's forward for chunked prefill (the mma family's forward refuses them).
+# Where a sequence's keys are when k and v are a KV cache: read by the decode kind, and by the
+# hopper family's forward for chunked prefill (the mma family's forward refuses them).
 KV_CACHE_FIELDS = (
     Field("cache_seqlens", "const int*", "(batch,): the keys in each sequence's cache before this "
           "call's new ones; nullptr: seqlen_k, the whole cache", default=0),

@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int tiles = m_blocks * p.heads * p.batch;
   // Over a KV cache a sequence sees its cached keys and the appended ones, masked bottom-right.
-  const bool reads_cache =
-      !kDense && (p.cache_seqlens != nullptr || p.cache_batch_idx != nullptr || p.block_table != nullptr);
+  const bool reads_cache = !kDense && (p.cache_seqlens != nullptr ||
+                                        p.cache_batch_idx != nullptr || p.block_table != nullptr);
   struct Work {
     TileCoord tile;
     DenseSeqs seq;
@@ -323,8 +323,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto [tKgK, tKsK] = key_blocks(tmas.k, mK, sK, w.rows.k_row0, w.rows.k_slot);
       auto [tVgV, tVsV] = key_blocks(tmas.v, mV, sV, w.rows.k_row0, w.rows.k_slot);
       // Key block n_block of K or V into the ring's next stage.
-      auto load_key_block = [&](auto const& tma, auto const& m, auto const& s, auto const& g_in_order,
-                                auto const& stages, Pipeline& pipeline, auto& state, int n_block) {
+      auto load_key_block = [&](auto const& tma, auto const& m, auto const& s,
+                                auto const& g_in_order, auto const& stages, Pipeline& pipeline,
+                                auto& state, int n_block) {
         pipeline.producer_acquire(state);
         auto& barrier = *pipeline.producer_get_barrier(state);
         if (kDense || w.rows.in_order(p, n_block)) {
@@ -519,8 +520,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       named_sync(kEpilogueBarrier + consumer, 128);
     }
     copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sO(_, _, consumer)));
-    const bool spills = !kDense && w.seq.packed && row0 + 64 > w.seq.seqlen_q;
-    if (spills) {
+    const bool partial_slab = !kDense && w.seq.packed && row0 + 64 > w.seq.seqlen_q;
+    if (partial_slab) {
       named_sync(kEpilogueBarrier + consumer, 128);
       store_rows<Traits::kHeadDim>(sO(_, _, consumer), p, w.seq, w.tile.head, row0, thread);
       if constexpr (!Traits::kOwnOutputBuffer) {

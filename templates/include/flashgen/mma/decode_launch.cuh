@@ -1,6 +1,7 @@
 // Host side of one decode specialisation: append (when the call brings new keys), split-KV
-// attention (unless num_splits is 0), combine (when split). Every kernel in the caller's stream; no device reads, no
-// allocation, so a CUDA graph replays it with new cache_seqlens and block tables.
+// attention (unless num_splits is 0), combine (when split). Every kernel in the caller's stream;
+// no device reads, no allocation, so a CUDA graph replays it with new cache_seqlens and block
+// tables.
 #pragma once
 
 #include <cuda_runtime.h>
