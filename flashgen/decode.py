@@ -21,11 +21,11 @@ _LOG2_E = math.log2(math.e)
 PREFILL_ROWS = 256
 MAX_SPLITS = 128
 # Calls with at least this many new tokens run on a forward that reads the cache where one is
-# configured (the hopper family on sm_90). The forward does not split the keys, so it needs
-# tiles (new tokens / block_m x heads x batch) to fill the GPU: at batch 1 and 32 heads it took
-# 98-100 us over 8k keys for any 32-256 new tokens, the decode kernel 40 us at 32 and 126 at
-# 256 (H100, bf16, head dim 128, GQA 4; forward / decode 1.31x at 128, 0.79x at 256, 0.79-1.03x
-# at 256 over head dims 64 and 128, GQA 1 and 4, 8k and 32k).
+# configured (the hopper family on sm_90). That forward does not split the keys, so with fewer
+# tiles (new tokens / block_m x heads x batch) than the GPU holds it loses to the decode kernel,
+# which does: at batch 1 and 32 query heads, forward / decode read 1.26-1.87x at 128 new tokens
+# and 0.79-1.03x at 256 (H100, head dims 64 and 128, GQA 1 and 4, 8k and 32k keys;
+# docs/performance.md, section 4).
 FORWARD_PREFILL_TOKENS = 256
 
 
