@@ -1,4 +1,7 @@
-"""How a decode call splits its keys (flashgen/decode.py), on a CPU."""
+"""How a decode call splits its keys and when chunked prefill takes a forward (flashgen/decode.py),
+on a CPU."""
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -35,3 +38,26 @@ def test_no_more_than_a_wave_of_splits():
 def test_the_fewest_splits_among_equally_full_waves():
     assert choose_splits(64, 2048, SLOTS) == 4  # 256 of 264 slots
     assert choose_splits(128, 2048, SLOTS) == 2
+
+
+def test_chunked_prefill_takes_a_forward_that_reads_the_cache_from_256_new_tokens(monkeypatch):
+    """From FORWARD_PREFILL_TOKENS new tokens, where a family's forward reads caches (faked here:
+    a tile of 128 keys) and the pages are whole key blocks of it."""
+    import torch
+
+    from flashgen import decode
+
+    attention = (SimpleNamespace(spec=SimpleNamespace(tile=SimpleNamespace(block_n=128))), {})
+    monkeypatch.setattr(decode.forward, "plan", lambda *args: attention)
+
+    def runs_on_forward(new_tokens, page_size=None):
+        q = torch.empty(1, new_tokens, 8, 64)
+        cache = torch.empty(4, page_size or 1024, 2, 64)
+        return decode._cache_forward(0, "bf16", 64, "causal", 8, new_tokens, q, cache, cache,
+                                     page_size is not None) is not None
+
+    assert decode.FORWARD_PREFILL_TOKENS == 256
+    assert not runs_on_forward(255) and runs_on_forward(256)
+    assert runs_on_forward(512, page_size=256) and not runs_on_forward(512, page_size=64)
+    monkeypatch.setattr(decode.forward, "plan", lambda *args: None)  # no such forward
+    assert not runs_on_forward(512)

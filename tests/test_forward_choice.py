@@ -184,3 +184,31 @@ def test_short_causal_calls_run_the_hopper_short_sequence_tile(hopper_forward, h
 def test_unmasked_calls_keep_the_hopper_main_tile(hopper_forward, seqlen_q):
     spec = hopper_forward.kernel_for(DEVICE, "bf16", 64, "none", 32 * 32, seqlen_q)
     assert spec.family == "hopper" and spec.tile.suffix == "m192n128s2p1o1"
+
+
+@pytest.fixture
+def dispatched_forward(forward, monkeypatch):
+    """The forward as dispatch picks it on the faked H100: every family."""
+    monkeypatch.delenv("FLASHGEN_FAMILY")
+    return forward
+
+
+@pytest.mark.parametrize("reads", ["dense", "varlen", "cache"])
+def test_varlen_batches_and_kv_caches_run_the_hopper_forward_on_an_h100(dispatched_forward,
+                                                                       reads):
+    spec = dispatched_forward.kernel_for(DEVICE, "bf16", 128, "causal", 32 * 32, 4096, reads)
+    assert spec.family == "hopper"
+
+
+def test_without_a_forward_that_reads_caches_chunked_prefill_keeps_the_decode_kernel(
+        dispatched_forward, monkeypatch):
+    # a head dim the hopper family pads (80 -> 96): a cache cannot be padded in place
+    assert dispatched_forward.plan(0, "bf16", 80, "causal", 32 * 32, 4096, "cache") is None
+    assert dispatched_forward.plan(0, "bf16", 96, "causal", 32 * 32, 4096, "cache") is not None
+    # an A100: no hopper family, and the mma forward reads varlen batches but not caches
+    dispatched_forward.clear_plans()
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda index: SimpleNamespace(**{**vars(H100), "major": 8}))
+    assert dispatched_forward.plan(0, "bf16", 128, "causal", 32 * 32, 4096, "cache") is None
+    assert dispatched_forward.kernel_for(DEVICE, "bf16", 128, "causal", 32 * 32, 4096,
+                                         "varlen").family == "mma"
