@@ -83,6 +83,19 @@ def reference(q, k_logical, v_logical, lengths, causal):
     return torch.cat(outs[True]), torch.cat(lses), torch.cat(outs[False])
 
 
+def check_attention(q, cache, lengths, causal, **kwargs):
+    """flash_attn_with_kvcache over the cache's first `lengths` keys (kwargs: more of its
+    arguments) against the fp32 reference: out and lse."""
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                       block_table=cache.block_table, causal=causal,
+                                       return_softmax_lse=True, **kwargs)
+    ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
+                                         lengths, causal)
+    assert_close_fa2(out, ref, same_dtype)
+    assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
+
+
 def lengths_for(batch, capacity, new):
     """Empty, one key, odd, and full to capacity (after the new keys), then random."""
     fixed = [0, 1, 37, capacity - new]
@@ -104,14 +117,7 @@ def test_attention_over_the_cache(dtype, head_dim, heads, seqlen_q, causal, page
     lengths[1] = max(lengths[1], seqlen_q)  # causal rows of a 1-key cache see nothing otherwise
     cache = Cache(batch, capacity, heads_kv, head_dim, dtype, lengths, page_size)
     q = torch.randn(batch, seqlen_q, heads_q, head_dim, device="cuda").to(dtype)
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
-                                       block_table=cache.block_table, causal=causal,
-                                       return_softmax_lse=True)
-    ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
-                                         lengths, causal)
-    assert_close_fa2(out, ref, same_dtype)
-    assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
+    check_attention(q, cache, lengths, causal=causal)
 
 
 @pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
@@ -145,14 +151,7 @@ def test_any_split_gives_the_same_result(num_splits, page_size, poisoned_allocat
     lengths = [4096, 1000, 3]
     cache = Cache(batch, capacity, 2, 128, dtype, lengths, page_size)
     q = torch.randn(batch, 1, 8, 128, device="cuda").to(dtype)
-    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
-    out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
-                                       block_table=cache.block_table, num_splits=num_splits,
-                                       return_softmax_lse=True)
-    ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
-                                         lengths, False)
-    assert_close_fa2(out, ref, same_dtype)
-    assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
+    check_attention(q, cache, lengths, causal=False, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("rotary", [None, "interleaved", "halves", "partial"])
