@@ -71,6 +71,9 @@ class Family:
     tile_counter: bool = False
     # Its forward reads a variable-length batch (FwdParams.cu_seqlens_q, common/seqinfo.cuh).
     varlen_forward: bool = False
+    # Its backward takes a variable-length batch (dispatch passes such calls to a family that
+    # does).
+    varlen_backward: bool = False
     # Its forward reads a KV cache (FwdParams' cache fields), contiguous or paged with pages of
     # whole key blocks: chunked prefill can run on it (flashgen/decode.py).
     cache_forward: bool = False

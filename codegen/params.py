@@ -105,10 +105,19 @@ BWD_FIELDS = (
             "group"),
     _tensor("dv", "void*", "(batch, seqlen_k, heads_kv, head_dim)"),
     Field("softmax_lse", "const float*", "(batch, heads, seqlen_q), contiguous, natural log"),
-    Field("softmax_d", "float*", "(batch, heads, seqlen_q) workspace: rowsum(dout * out)"),
+    Field("softmax_d", "float*", "(batch, heads, seqlen_q) workspace: rowsum(dout * out); "
+          "hopper family: rows padded to whole query blocks"),
     Field("dq_accum", "float*", "(batch, heads, seqlen_q, head_dim padded to the kernel's row "
           "chunk) fp32 workspace that the key blocks add their dq contributions to; nullptr "
-          "selects the deterministic path (a second kernel computes dq per query block)"),
+          "selects the deterministic path (a second kernel computes dq per query block). hopper "
+          "family: per (batch, head, query block) in the kernel's register order "
+          "(hopper/bwd_aux.cuh), never nullptr"),
+    Field("softmax_lse_log2", "float*", "hopper family: (batch, heads, seqlen_q padded to whole "
+          "query blocks) workspace: softmax_lse * log2(e), +inf past the sequence and where a row "
+          "saw no key", default=0),
+    Field("dq_semaphore", "int*", "hopper family: per (batch, head, query block, consumer "
+          "warpgroup) int workspace that the launcher zeroes: the key blocks then add dQ in a "
+          "fixed order (deterministic). nullptr: in any order", default=0),
     Field("dkv_accum", "float*", "mma family: (split_blocks, 2, block_n, head_dim padded) fp32 "
           "workspace, zeroed by the launcher, where the pieces of each split key block add their "
           "dK and dV, then split_blocks int counters of the pieces that have added (the last one "

@@ -30,12 +30,13 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
-    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask)
+    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen))
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
     else:
-        inputs = launch.aligned(q, k, v, out, dout)
+        inputs = launch.aligned(q, k, v, out, dout,
+                                tma=launcher.spec.family_record.tma_inputs)
         work = grads
     run(launcher, *inputs, lse.contiguous(), *work, scale, mask_offset, deterministic, varlen)
     if work is not grads:
@@ -57,12 +58,29 @@ def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: f
     del scratch  # queued: the caching allocator reuses it in stream order
 
 
+def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
+               varlen: bool = False):
+    """The backward kernel a call runs (the bench reports its family and tile)."""
+    return _choose(device.index, dtype, head_dim, mask, varlen)[0].spec
+
+
+def clear_plans() -> None:
+    """Forget every call's choice (after $FLASHGEN_FAMILY changed)."""
+    _choose.cache_clear()
+
+
 @functools.cache
-def _choose(device_index: int, dtype: str, head_dim: int,
-            mask: str) -> tuple[loader.Launcher, int | None]:
+def _choose(device_index: int, dtype: str, head_dim: int, mask: str,
+            varlen: bool = False) -> tuple[loader.Launcher, int | None]:
     """The backward launcher for these calls and the head dim to zero-pad to (None: no padding):
-    the best family's main tile, whatever the shape. Cached: the first call decides, later ones
-    pay one lookup."""
+    the best family's main tile (among those that take a variable-length batch, for one),
+    whatever the shape. Cached: the first call decides, later ones pay one lookup."""
     arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
-    choice = registry.candidates(arch, "bwd", dtype, head_dim, mask)[0]
-    return loader.launcher(choice.spec), choice.padded_head_dim
+    choices = registry.candidates(arch, "bwd", dtype, head_dim, mask)
+    if varlen:
+        choices = [c for c in choices if c.spec.family_record.varlen_backward]
+        if not choices:
+            raise NotImplementedError(f"flashgen: no configured backward of head dim {head_dim} "
+                                      f"takes a variable-length batch; configure the mma "
+                                      f"family's [mma.<arch>.head_dim.N.backward]")
+    return loader.launcher(choices[0].spec), choices[0].padded_head_dim

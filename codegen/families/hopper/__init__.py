@@ -7,9 +7,15 @@ wgmma, taking turns on the tensor cores (pingpong) and issuing the next tile's Q
 tile's softmax (overlap). Where shared memory leaves room for an output buffer, calls run on a
 persistent grid (one block per SM walking tiles) that loads each next tile's Q under the last
 one's output: tiles dealt out statically without a mask, claimed in order from a counter under a
-causal mask. Templates in templates/hopper/, headers in
-templates/include/flashgen/hopper/; resources.py mirrors their budgets. The backward runs on the
-mma family, which reads this forward's lse as its own.
+causal mask.
+
+The backward (FlashAttention-2's algorithm on the same units): one thread block per block_n keys
+of a (batch, KV head), K and V held in shared memory and dK, dV in the consumer warpgroups'
+registers (64 keys each), Q and dO of each query block of the group's heads streamed by TMA
+through rings of q_stages buffers, dQ added to an fp32 workspace by the copy engine's bulk
+reduce-add. Dense batches only: a variable-length batch's gradients run on the mma family.
+Templates in templates/hopper/, headers in templates/include/flashgen/hopper/; resources.py
+mirrors their budgets.
 """
 
 from __future__ import annotations
@@ -31,17 +37,31 @@ class FwdTile(Tile):
     overlap: bool   # a warpgroup issues the next QK^T before this tile's softmax
 
 
+@dataclass(frozen=True, order=True)
+class BwdTile(Tile):
+    SUFFIX = ("m", "n", "s")
+    block_m: int    # query rows per step (64 or 128)
+    block_n: int    # keys per thread block, 64 per consumer warpgroup (64 or 128)
+    q_stages: int   # Q and dO tiles in flight in the TMA rings (>= 1)
+
+
 def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:
     return resources.tile_problems(head_dim, tile.block_m, tile.block_n, tile.kv_stages,
                                    arch.smem_limit)
 
 
+def _bwd_problems(head_dim: int, tile: BwdTile, arch) -> list[str]:
+    return resources.backward_tile_problems(head_dim, tile.block_m, tile.block_n, tile.q_stages,
+                                            arch.smem_limit)
+
+
 def template_context(spec) -> dict:
     """CuTe offers wgmma's n in steps of 8 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED;
     without it a 176-key tile would run as eleven n = 16 instructions, each rereading Q from
-    shared memory (fwd_traits.cuh asserts one instruction per GEMM)."""
-    return {"extended_wgmma_shapes": resources.needs_extended_wgmma_shapes(spec.head_dim,
-                                                                           spec.tile.block_n)}
+    shared memory (the traits assert one instruction per GEMM). The backward's GEMMs have n =
+    head_dim (dK, dV) and block_m."""
+    n = spec.tile.block_n if spec.kind == "fwd" else spec.tile.block_m
+    return {"extended_wgmma_shapes": resources.needs_extended_wgmma_shapes(spec.head_dim, n)}
 
 
 FAMILY = Family(
@@ -51,7 +71,10 @@ FAMILY = Family(
     priority=50,
     # Alt tiles are short-sequence tiles (flashgen/families/hopper/).
     kinds=(Kind("fwd", table=None, tile=FwdTile, template="fwd_kernel.cu.j2",
-                problems=_fwd_problems, alt_tiles=True),),
+                problems=_fwd_problems, alt_tiles=True),
+           # Without a backward table, that head dim's gradients run on the mma family.
+           Kind("bwd", table="backward", tile=BwdTile, template="bwd_kernel.cu.j2",
+                problems=_bwd_problems, required=False)),
     template_dir=TEMPLATES_DIR / "hopper",
     # wgmma and setmaxnreg exist only in the arch-specific target.
     gencode=lambda arch: "-gencode=arch=compute_90a,code=sm_90a",

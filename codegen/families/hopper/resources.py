@@ -1,5 +1,6 @@
-"""What a Hopper forward tile costs, checked before nvcc: the same budgets the static_asserts of
-templates/include/flashgen/hopper/fwd_traits.cuh enforce, with messages that say what to change."""
+"""What a Hopper tile costs, checked before nvcc: the same budgets the static_asserts of
+templates/include/flashgen/hopper/fwd_traits.cuh and bwd_traits.cuh enforce, with messages that say
+what to change."""
 
 from __future__ import annotations
 
@@ -66,4 +67,64 @@ def tile_problems(head_dim: int, block_m: int, block_n: int, kv_stages: int,
         problems.append(f"needs about {needed} accumulator registers per consumer thread, more than "
                         f"the {budget} its {block_m // 64} warpgroup(s) leave: lower block_n (or "
                         f"block_m, for more registers per warpgroup)")
+    return problems
+
+
+# The backward (bwd_traits.cuh): registers per consumer thread after setmaxnreg, by consumer
+# warpgroups (64 keys each).
+BACKWARD_CONSUMER_REGISTERS = {1: 256, 2: 240}
+# Besides the accumulators: descriptors, indices, the lse and D reads. Measured from ptxas
+# reports of the default tiles.
+BACKWARD_REGISTER_OVERHEAD = 16
+
+
+def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int) -> int:
+    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (block_m x head_dim), each
+    stage's lse and D, and the barriers."""
+    kv = 2 * _align(block_n * head_dim * ELEMENT_BYTES)
+    rings = 2 * _align(q_stages * block_m * head_dim * ELEMENT_BYTES)
+    ds = _align(2 * block_m * block_n * ELEMENT_BYTES)
+    dq = block_m * head_dim * 4
+    stats = 2 * q_stages * block_m * 4
+    barriers = 2 * 2 * 8 * q_stages + 8
+    return kv + rings + ds + dq + stats + barriers
+
+
+def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) -> int:
+    """Per consumer thread (64 keys, 128 threads): dK and dV (64 x head_dim fp32 each) throughout;
+    at the softmax S^T and dP^T (64 x block_m fp32 each), converted in place to 16-bit P^T and
+    dS^T, which then live beside dQ's share (64 rows x its columns, fp32)."""
+    consumers = block_n // 64
+    dq_cols = head_dim if block_m == 64 * consumers else head_dim // consumers
+    return head_dim + max(block_m, block_m // 2 + dq_cols // 2)
+
+
+def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: int,
+                           smem_limit: int) -> list[str]:
+    problems = []
+    if head_dim % 16 or head_dim > 256:
+        problems.append(f"head_dim {head_dim}: the hopper family needs a multiple of 16 up to 256")
+    if block_n not in (64, 128):
+        problems.append(f"block_n = {block_n}: one consumer warpgroup per 64 keys, so 64 or 128")
+    if block_m not in (64, 128):
+        problems.append(f"block_m = {block_m}: 64 or 128 (the S^T and dP^T GEMMs' n)")
+    if q_stages < 1:
+        problems.append(f"q_stages = {q_stages}: at least 1")
+    if problems:
+        return problems
+    consumers = block_n // 64
+    if block_m != 64 * consumers and (block_m != 64 or head_dim // consumers % 64):
+        problems.append(f"block_m = {block_m}, block_n = {block_n}: dQ splits over the {consumers} "
+                        f"consumer warpgroup(s) by 64 query rows (block_m = {64 * consumers}) or, "
+                        f"with block_m = 64, by head-dim columns in multiples of 64 (head_dim "
+                        f"{head_dim} gives {head_dim // consumers} each)")
+    smem = backward_shared_bytes(head_dim, block_m, block_n, q_stages)
+    if smem > smem_limit:
+        problems.append(f"needs {smem} bytes of shared memory, more than the {smem_limit} a block "
+                        f"may use: lower q_stages or block_m")
+    budget = BACKWARD_CONSUMER_REGISTERS[consumers] - BACKWARD_REGISTER_OVERHEAD
+    needed = backward_accumulator_registers(head_dim, block_m, block_n)
+    if needed > budget:
+        problems.append(f"needs about {needed} accumulator registers per consumer thread, more than "
+                        f"the {budget} its {consumers} warpgroup(s) leave: lower block_m")
     return problems

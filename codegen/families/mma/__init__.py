@@ -78,4 +78,5 @@ FAMILY = Family(
     template_dir=TEMPLATES_DIR / "mma",
     template_context=template_context,
     varlen_forward=True,
+    varlen_backward=True,
 )

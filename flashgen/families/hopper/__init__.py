@@ -1,5 +1,5 @@
 """The hopper family's run-time decisions (codegen/families/hopper/ builds its kernels): which of
-a head dim's forward tiles runs a call.
+a head dim's forward tiles runs a call, and the backward's workspaces.
 
 A head dim's (or a mask's) alt tiles are short-sequence tiles. The main tiles are sized for long
 rows; on short ones a smaller tile wastes fewer rows past the sequence and less work on the
@@ -14,7 +14,14 @@ block against a long cache (chunked prefill) counts as short.
 
 from __future__ import annotations
 
+import math
+
+import torch
+
+from codegen import params
+
 SHORT_SEQLEN = 1024
+_LOG2_E = math.log2(math.e)
 
 
 def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int):
@@ -23,3 +30,27 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
     tile counter per call)."""
     main, *alts = candidates
     return (alts[0] if alts and seqlen_q <= SHORT_SEQLEN else main), {}
+
+
+def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
+                  deterministic: bool, varlen: tuple = ()):
+    """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
+    seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
+    fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
+    workspace, D, lse * log2(e), then (deterministic) the order of dQ's adds, one int per query
+    block and consumer warpgroup."""
+    assert not varlen, "dispatch sends a variable-length batch's backward to another family"
+    batch, seqlen_q, heads, head_dim = q.shape
+    query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
+    rows = query_blocks * spec.tile.block_m
+    turns = query_blocks * (spec.tile.block_n // 64) if deterministic else 0
+    scratch = torch.empty(rows * (head_dim + 2) + turns, dtype=torch.float32, device=q.device)
+    address = scratch.data_ptr()
+    args = params.bwd_args(
+        q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
+        dq_accum=address, softmax_d=address + 4 * rows * head_dim,
+        softmax_lse_log2=address + 4 * rows * (head_dim + 1),
+        dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
+        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
+        softmax_scale=scale, scale_log2=scale * _LOG2_E, mask_offset=mask_offset)
+    return args, scratch

@@ -109,11 +109,12 @@ def _pinned_tile(index: int):
 def _forced_family(family: str):
     """Inside, flashgen's forward runs on `family` ($FLASHGEN_FAMILY); plans are cleared on both
     sides, as for a pinned tile."""
-    from flashgen import forward
+    from flashgen import backward, forward
 
     previous = os.environ.get("FLASHGEN_FAMILY")
     os.environ["FLASHGEN_FAMILY"] = family
     forward.clear_plans()
+    backward.clear_plans()
     try:
         yield
     finally:
@@ -122,6 +123,7 @@ def _forced_family(family: str):
         else:
             os.environ["FLASHGEN_FAMILY"] = previous
         forward.clear_plans()
+        backward.clear_plans()
 
 
 def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,

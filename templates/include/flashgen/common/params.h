@@ -112,12 +112,21 @@ struct BwdParams : AttentionParams {
   int64_t dv_head_stride;
   // (batch, heads, seqlen_q), contiguous, natural log
   const float* softmax_lse;
-  // (batch, heads, seqlen_q) workspace: rowsum(dout * out)
+  // (batch, heads, seqlen_q) workspace: rowsum(dout * out); hopper family: rows padded to whole
+  // query blocks
   float* softmax_d;
   // (batch, heads, seqlen_q, head_dim padded to the kernel's row chunk) fp32 workspace that the key
   // blocks add their dq contributions to; nullptr selects the deterministic path (a second kernel
-  // computes dq per query block)
+  // computes dq per query block). hopper family: per (batch, head, query block) in the kernel's
+  // register order (hopper/bwd_aux.cuh), never nullptr
   float* dq_accum;
+  // hopper family: (batch, heads, seqlen_q padded to whole query blocks) workspace: softmax_lse *
+  // log2(e), +inf past the sequence and where a row saw no key
+  float* softmax_lse_log2;
+  // hopper family: per (batch, head, query block, consumer warpgroup) int workspace that the
+  // launcher zeroes: the key blocks then add dQ in a fixed order (deterministic). nullptr: in any
+  // order
+  int* dq_semaphore;
   // mma family: (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher,
   // where the pieces of each split key block add their dK and dV, then split_blocks int counters of
   // the pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0
@@ -201,8 +210,8 @@ struct DecodeParams : AttentionParams {
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
-  X(softmax_lse) X(softmax_d) X(dq_accum) X(dkv_accum) X(sorted_tail_blocks) X(split_blocks) \
-  X(splits)
+  X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dkv_accum) \
+  X(sorted_tail_blocks) X(split_blocks) X(splits)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \

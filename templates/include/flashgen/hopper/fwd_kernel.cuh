@@ -20,6 +20,7 @@
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/hopper/fragments.cuh"
 #include "flashgen/hopper/fwd_traits.cuh"
+#include "flashgen/hopper/warpgroup.cuh"
 
 namespace flashgen::hopper {
 
@@ -27,13 +28,6 @@ namespace flashgen::hopper {
 // GEMMs; kEpilogue + w gathers consumer w's threads before its output store.
 constexpr int kTurnBarrier = 1;
 constexpr int kEpilogueBarrier = 4;
-
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
 // Which (query block, head, batch) a thread block computes: a (batch, head)'s query blocks run
 // together, so they share its K and V in L2. Under a mask that hides keys they run longest first
@@ -180,25 +174,6 @@ __device__ __forceinline__ void store_rows(Slab const& slab, FwdParams const& p,
     *reinterpret_cast<uint4*>(out + row * p.o_row_stride + col) =
         *reinterpret_cast<const uint4*>(&slab(row, col));
   }
-}
-
-// One warpgroup's GEMM: c (+)= a * b over every k-block, issued and committed, not waited for.
-template <bool kZeroInit, class TiledMma, class A, class B, class C>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, A const& a, B const& b, C& c) {
-  using namespace cute;
-  warpgroup_fence_operand(c);
-  if constexpr (!std::is_same_v<typename A::engine_type::iterator, GMMA::DescriptorIterator>) {
-    warpgroup_fence_operand(const_cast<A&>(a));
-  }
-  warpgroup_arrive();
-  if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
 }
 
 // kDense: every sequence is a (batch, seq) slice of q, k, v and o, as from flash_attn_func; else

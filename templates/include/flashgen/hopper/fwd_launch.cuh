@@ -11,18 +11,9 @@
 #include "flashgen/common/launch.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/hopper/fwd_kernel.cuh"
+#include "flashgen/hopper/tma.cuh"
 
 namespace flashgen::hopper {
-
-// A (rows, head dim, heads, batch) tensor of one of the params' (batch, row, head) views.
-template <class Element, int kHeadDim, class Pointer>
-auto gmem_heads(Pointer ptr, int rows, int heads, int batch, int64_t row_stride,
-                int64_t head_stride, int64_t batch_stride) {
-  using namespace cute;
-  return make_tensor(make_gmem_ptr(static_cast<Element*>(const_cast<void*>(ptr))),
-                     make_shape(rows, Int<kHeadDim>{}, heads, batch),
-                     make_stride(row_stride, _1{}, head_stride, batch_stride));
-}
 
 template <class Traits>
 auto make_fwd_tmas(const FwdParams& p) {

@@ -10,18 +10,9 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
-namespace flashgen::hopper {
+#include "flashgen/hopper/warpgroup.cuh"
 
-// The widest GMMA swizzle whose atom (8 rows x 8..64 elements) divides a row of `kCols`
-// 16-bit elements: 128-byte rows make bank-conflict-free loads for every wgmma operand.
-template <class Element, int kCols>
-constexpr auto smem_atom() {
-  using namespace cute;
-  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
-  else if constexpr (kCols % 16 == 0) return GMMA::Layout_K_SW32_Atom<Element>{};
-  else return GMMA::Layout_K_INTER_Atom<Element>{};
-}
+namespace flashgen::hopper {
 
 // The producer's choice of each next tile, handed to the consumers through two slots
 // (fwd_kernel.cuh, TileHandoff).

@@ -1,0 +1,335 @@
+// The Hopper backward, warp specialised (FlashAttention-2's algorithm on wgmma and TMA). A thread
+// block owns kBlockN keys of one (batch, KV head): their K and V stay in shared memory and their
+// dK and dV accumulate in the consumers' registers while the block walks the query blocks that
+// see them, of every query head of the KV head's group (so GQA's sums need no second pass).
+// Warpgroup 0's first thread loads K and V once and streams each query block's Q (with its rows'
+// lse) and dO (with D) by TMA through two rings. Each consumer warpgroup owns 64 of the keys:
+//   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
+//   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
+//   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
+// and adds its dQ share to the fp32 workspace with one bulk reduce-add (the copy engine does the
+// adds while the warps go on). bwd_aux.cuh prepares lse and D before and converts dQ after.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "flashgen/common/bulk_reduce.cuh"
+#include "flashgen/common/mask.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/hopper/bwd_traits.cuh"
+#include "flashgen/hopper/fragments.cuh"
+#include "flashgen/hopper/warpgroup.cuh"
+
+namespace flashgen::hopper {
+
+// Named barriers (0 is __syncthreads): every consumer has written its dS^T; kDqStaged + w:
+// consumer w's dQ share is staged (or its staging buffer free).
+constexpr int kDsWrittenBarrier = 1;
+constexpr int kDqStagedBarrier = 2;
+
+// The TMA descriptors, one kernel parameter in constant space.
+template <class TmaQ, class TmaK>
+struct BwdTmas {
+  TmaQ q, dout;
+  TmaK k, v;
+};
+
+// Which key block, KV head and batch a thread block owns, and the query blocks it walks.
+template <class Traits, class Mask>
+struct KeyBlockWork {
+  int n_block, head_kv, batch;
+  int m_blocks;  // query blocks of a head
+  int m_begin;   // the first that sees a key of the block
+  int group;     // query heads per KV head
+  Mask mask;
+
+  __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
+      : mask(p.seqlen_k, p.mask_offset) {
+    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int index = int(blockIdx.x);
+    // Longest first (under a causal mask the first key blocks see the most query blocks). A
+    // deterministic run adds dQ in descending key-block order, so it launches the last key
+    // block first: a block only ever waits on blocks launched before it.
+    n_block = deterministic ? n_blocks - 1 - index % n_blocks : index % n_blocks;
+    head_kv = index / n_blocks % p.heads_kv;
+    batch = index / n_blocks / p.heads_kv;
+    m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    m_begin = min(m_blocks, mask.template query_block_begin<Traits::kBlockM, Traits::kBlockN>(
+                                n_block));
+    group = p.heads / p.heads_kv;
+  }
+  // Steps: (query head of the group, query block) pairs.
+  __device__ __forceinline__ int steps() const { return group * (m_blocks - m_begin); }
+  __device__ __forceinline__ int head(int step) const {
+    return head_kv * group + step / (m_blocks - m_begin);
+  }
+  __device__ __forceinline__ int m_block(int step) const {
+    return m_begin + step % (m_blocks - m_begin);
+  }
+  // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
+  __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
+    return ((int64_t(batch) * p.heads + head) * m_blocks + m_block) * Traits::kBlockM;
+  }
+  // A deterministic run's order of dQ adds to a query block: descending key blocks, from the last
+  // one that the block's rows (padded to the whole block) see.
+  __device__ __forceinline__ int dq_turn(int m_block) const {
+    return mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1) -
+           1 - n_block;
+  }
+};
+
+template <class Traits, class Mask, class Tmas>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Pipeline = typename Traits::PipelineQ;
+  using HD = typename Traits::HD;
+  using BM = typename Traits::BM;
+  using BN = typename Traits::BN;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+
+  extern __shared__ char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+
+  const bool deterministic = p.dq_semaphore != nullptr;
+  const KeyBlockWork<Traits, Mask> work(p, deterministic);
+  const int steps = work.steps();
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool producer_thread = threadIdx.x == 0;
+
+  typename Pipeline::Params pipe_params;
+  pipe_params.transaction_bytes = Traits::kStageBytes;
+  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
+                                    : Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = producer_thread;
+  pipe_params.num_consumers = Traits::kConsumerThreads;
+  Pipeline pipeline_q(smem.pipeline_q, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_do(smem.pipeline_do, pipe_params, Shape<_1, _1, _1>{});
+  if (producer_thread) {
+    TxBarrier::init(&smem.kv_full, 1);
+    prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.dout.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
+    prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDs{});
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDst{});
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    if (!producer_thread || steps == 0) return;
+
+    Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+    Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+    auto load_keys = [&](auto const& tma, auto const& m, auto& s) {
+      Tensor g = local_tile(m(_, _, work.head_kv, work.batch), Shape<BN, HD>{},
+                            make_coord(_, _0{}));
+      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                    group_modes<0, 2>(g));
+      copy(tma.with(smem.kv_full), tg(_, work.n_block), ts(_, 0));
+    };
+    TxBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
+    load_keys(tmas.k, mK, sK);
+    load_keys(tmas.v, mV, sV);
+
+    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+    Tensor mdO = tmas.dout.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+    auto q_state = cutlass::make_producer_start_state<Pipeline>();
+    auto do_state = cutlass::make_producer_start_state<Pipeline>();
+    // Query block m_block of `head` from the tma's tensor m into the ring's next stage, with its
+    // rows of the per-row statistic `stats` (row-padded, so whole and 16-byte aligned).
+    auto load_rows = [&](auto const& tma, auto const& m, auto& s, Pipeline& pipeline,
+                         auto& state, float const* stats, float* stats_stages, int head,
+                         int m_block) {
+      pipeline.producer_acquire(state);
+      auto& barrier = *pipeline.producer_get_barrier(state);
+      Tensor g = local_tile(m(_, _, head, work.batch), Shape<BM, HD>{}, make_coord(_, _0{}));
+      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                    group_modes<0, 2>(g));
+      copy(tma.with(barrier), tg(_, m_block), ts(_, state.index()));
+      SM90_BULK_COPY_G2S::copy(stats + work.stats_row(p, head, m_block), &barrier,
+                               stats_stages + state.index() * kBlockM, kBlockM * 4);
+      ++state;
+    };
+    for (int step = 0; step < steps; ++step) {
+      const int head = work.head(step);
+      const int m_block = work.m_block(step);
+      load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2, head,
+                m_block);
+      load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, head, m_block);
+    }
+    return;
+  }
+
+  // A consumer warpgroup: keys [64 c, 64 c + 64) of the block.
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  const int thread = threadIdx.x % 128;
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmaDkv mma_dkv;
+  typename Traits::TiledMmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(thread);
+  auto thr_dkv = mma_dkv.get_thread_slice(thread);
+  auto thr_dq = mma_dq.get_thread_slice(thread);
+
+  // S^T = K Q^T and dP^T = V dO^T over this consumer's keys (descriptors).
+  auto own_keys = [&](auto const& s) {
+    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(consumer, _0{}));
+  };
+  Tensor tSrK = thr_sdp.partition_fragment_A(own_keys(sK));
+  Tensor tSrV = thr_sdp.partition_fragment_A(own_keys(sV));
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, BM>{}));  // (key, row)
+  // P^T and dS^T in 16 bits, as the A operands of dV += P^T dO and dK += dS^T Q.
+  Tensor tSrP = make_tensor<Element>(tSrS.layout());
+  Tensor tSrdS = make_tensor<Element>(tSrS.layout());
+  Tensor tdVrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));
+  Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout()));
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
+  // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view).
+  Tensor tdSsdS = thr_sdp.partition_C(
+      local_tile(sdSt, Shape<_64, BM, _2>{}, make_coord(consumer, _0{}, _0{})));
+  // dQ's share: dS (its rows) times K (its columns).
+  using DqRows = Int<Traits::kDqRows>;
+  using DqCols = Int<Traits::kDqCols>;
+  Tensor tdQrdS = thr_dq.partition_fragment_A(local_tile(
+      sdS, Shape<DqRows, BN, _2>{},
+      make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{})));
+  Tensor tdQrK = thr_dq.partition_fragment_B(local_tile(
+      sKt, Shape<DqCols, BN, _1>{},
+      make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{})));
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{});
+  static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
+  float* const dq_staged = smem.dq + consumer * Traits::kDqFloats;
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  if (steps > 0) TxBarrier::wait(&smem.kv_full, 0);
+  typename Pipeline::PipelineState q_state, do_state;
+  const int key0 = work.n_block * kBlockN + consumer * 64;
+  for (int step = 0; step < steps; ++step) {
+    const int head = work.head(step);
+    const int m_block = work.m_block(step);
+    const int ds_buffer = step & 1;
+
+    pipeline_q.consumer_wait(q_state);
+    warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    pipeline_do.consumer_wait(do_state);
+    warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+
+    // P^T = exp2(S^T * scale_log2 - lse_log2) per query row (a column here); masked scores are
+    // -inf, and a padded row's lse_log2 +inf, so both give 0.
+    warpgroup_wait<1>();
+    if (work.mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, work.n_block)) {
+      const int row0 = m_block * kBlockM;
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        const int key = key0 + get<0>(tScS(i));
+        const int row = row0 + get<1>(tScS(i));
+        if (!work.mask.visible(row, key)) tSrS(i) = -INFINITY;
+      }
+    }
+    const float* lse_log2 = smem.lse_log2 + q_state.index() * kBlockM;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(tScS(i))]));
+    }
+    warpgroup_wait<0>();
+    const float* d = smem.d + do_state.index() * kBlockM;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrdP); ++i) tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]);
+    convert_into(tSrP, tSrS);
+    convert_into(tSrdS, tSrdP);
+
+    warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_state.index()), tdVrdV);
+    warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+
+    // dS^T -> this step's dS buffer. The other buffer's last reader, the previous step's dQ, is
+    // done in every consumer: each waited for it before writing this step's.
+    copy(tSrdS, tdSsdS(_, _, _, ds_buffer));
+    cutlass::arch::fence_view_async_shared();
+    named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
+    warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
+    warpgroup_wait<0>();
+    pipeline_q.consumer_release(q_state);
+    pipeline_do.consumer_release(do_state);
+    ++q_state;
+    ++do_state;
+
+    // dQ's share -> staging, 16 bytes per thread per store in register order -> one bulk add.
+    if (thread == 0) wait_bulk_reads();  // the previous step's add has read the staging
+    named_sync(kDqStagedBarrier + consumer, 128);
+    CUTE_UNROLL
+    for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
+      reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+          make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+    }
+    fence_for_bulk_copies();
+    named_sync(kDqStagedBarrier + consumer, 128);
+    if (thread == 0) {
+      float* dq_accum = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
+                        consumer * Traits::kDqFloats;
+      if (deterministic) {
+        int* turn = p.dq_semaphore +
+                    (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
+        const int mine = work.dq_turn(m_block);
+        int seen;
+        do {
+          asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
+        } while (seen != mine);
+        bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+        asm volatile("fence.proxy.async.global;" ::: "memory");
+        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(mine + 1) : "memory");
+      } else {
+        bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
+      }
+    }
+  }
+
+  // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> global, the keys inside the
+  // sequence.
+  Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(Shape<_64, HD>{}));
+  auto store = [&](auto const& acc, void* base, int64_t batch_stride, int64_t row_stride,
+                   int64_t head_stride, float scale) {
+    Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
+                   work.head_kv * head_stride;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      const int key = key0 + get<0>(tdKVcdKV(i));
+      if (key >= p.seqlen_k) continue;
+      Element pair[2] = {Element(acc(i) * scale), Element(acc(i + 1) * scale)};
+      *reinterpret_cast<uint32_t*>(out + key * row_stride + get<1>(tdKVcdKV(i))) =
+          *reinterpret_cast<uint32_t*>(pair);
+    }
+  };
+  store(tdKrdK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.softmax_scale);
+  store(tdVrdV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, 1.f);
+  if (thread == 0) wait_bulk_reads();  // shared memory must outlive the last add's reads
+}
+
+}  // namespace flashgen::hopper

@@ -1,0 +1,81 @@
+// Host side of one Hopper backward specialisation: the workspaces zeroed, lse and D prepared, the
+// main kernel on one thread block per (key block, KV head, batch), dQ converted.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+
+#include "flashgen/common/launch.cuh"
+#include "flashgen/common/params.h"
+#include "flashgen/hopper/bwd_aux.cuh"
+#include "flashgen/hopper/bwd_kernel.cuh"
+#include "flashgen/hopper/tma.cuh"
+
+namespace flashgen::hopper {
+
+template <class Traits>
+auto make_bwd_tmas(const BwdParams& p) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  auto q = gmem_heads<Element, kHeadDim>(p.q, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+                                         p.q_head_stride, p.q_batch_stride);
+  auto dout = gmem_heads<Element, kHeadDim>(p.dout, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
+                                            p.do_head_stride, p.do_batch_stride);
+  auto k = gmem_heads<Element, kHeadDim>(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+                                         p.k_head_stride, p.k_batch_stride);
+  auto v = gmem_heads<Element, kHeadDim>(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+                                         p.v_head_stride, p.v_batch_stride);
+  auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::TileLayoutQ{});
+  auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, typename Traits::TileLayoutQ{});
+  auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
+  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
+  return BwdTmas<decltype(tma_q), decltype(tma_k)>{tma_q, tma_do, tma_k, tma_v};
+}
+
+// Mask: a policy of common/mask.cuh. Dense batches only (the family declares no varlen
+// backward): the workspaces are laid out per (batch, head) of whole query blocks.
+template <class Traits, class Mask>
+cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
+  constexpr int kBlockM = Traits::kBlockM;
+  if (p.cu_seqlens_q != nullptr) return cudaErrorNotSupported;
+  // Empty inputs have trivial gradients; the caller fills them.
+  if (int64_t(p.batch) * p.heads * p.seqlen_q == 0 || p.seqlen_k == 0) return cudaSuccess;
+  const int64_t query_blocks =
+      (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
+  const int64_t padded_rows = query_blocks * kBlockM;
+  const int64_t prepare_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
+  const int64_t prepare_grid = (prepare_blocks + kDRowsPerBlock<Traits::kHeadDim> - 1) /
+                               kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
+  const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
+                             p.batch * p.heads_kv;
+  const int64_t convert_grid = (padded_rows * Traits::kHeadDim / 4 + kAuxThreads - 1) / kAuxThreads;
+  for (int64_t blocks : {prepare_grid, key_blocks, convert_grid}) {
+    if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
+  }
+  if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0,
+                                        size_t(padded_rows) * Traits::kHeadDim * sizeof(float),
+                                        stream);
+      err != cudaSuccess) {
+    return err;
+  }
+  if (p.dq_semaphore != nullptr) {
+    const size_t bytes = size_t(query_blocks) * Traits::kConsumers * sizeof(int);
+    if (cudaError_t err = cudaMemsetAsync(p.dq_semaphore, 0, bytes, stream); err != cudaSuccess) {
+      return err;
+    }
+  }
+  bwd_prepare_kernel<Traits><<<unsigned(prepare_grid), kAuxThreads, 0, stream>>>(p);
+  const auto tmas = make_bwd_tmas<Traits>(p);
+  auto kernel = bwd_kernel<Traits, Mask, decltype(tmas)>;
+  if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
+    return err;
+  }
+  kernel<<<unsigned(key_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
+  bwd_dq_convert_kernel<Traits><<<unsigned(convert_grid), kAuxThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace flashgen::hopper

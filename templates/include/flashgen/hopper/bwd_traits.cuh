@@ -1,0 +1,118 @@
+// Compile-time shape of one Hopper backward specialisation: shared-memory layouts, the five
+// warpgroup GEMMs and the register split between producer and consumers.
+// codegen/families/hopper/resources.py mirrors the budgets asserted here.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "flashgen/hopper/warpgroup.cuh"
+
+namespace flashgen::hopper {
+
+// A thread block owns kBlockN keys of one (batch, KV head), 64 per consumer warpgroup, and walks
+// the query blocks of kBlockM rows that see them (of every query head of the KV head's group),
+// with Q and dO arriving through rings of kStages buffers. Each consumer computes its keys' rows
+// of S^T = K Q^T and dP^T = V dO^T (keys as the GEMMs' M, so that P^T and dS^T are in registers
+// as the A operands of dV += P^T dO and dK += dS^T Q), and a share of dQ = dS K: 64 query rows
+// each where kBlockM = 64 x consumers, else (kBlockM = 64) a share of the head dim's columns.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_>
+struct BwdTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kBlockM_;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kConsumers = kBlockN / 64;  // consumer warpgroups, 64 keys each
+  static constexpr int kConsumerThreads = 128 * kConsumers;
+  static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
+
+  // dQ's share per consumer: 64 rows x kDqCols columns.
+  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
+  static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
+  static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumers;
+
+  static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
+                "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
+  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "block_m: 64 or 128");
+  static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
+  static_assert(kDqSplitRows || (kBlockM == 64 && kDqCols % 64 == 0),
+                "dQ splits over the consumers by 64 query rows (block_m = 64 x consumers) or, "
+                "with block_m = 64, by head-dim columns in multiples of 64");
+  static_assert(kStages >= 1, "q_stages: at least 1");
+
+  static constexpr int kProducerRegisters = kConsumers == 1 ? 56 : 24;
+  static constexpr int kConsumerRegisters = kConsumers == 1 ? 256 : 240;
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+
+  using Atom = decltype(smem_atom<Element, kHeadDim>());
+  using HD = cute::Int<kHeadDim>;
+  using BM = cute::Int<kBlockM>;
+  using BN = cute::Int<kBlockN>;
+  using Stages = cute::Int<kStages>;
+  // K and V (keys x head dim, one buffer; TileLayoutKV is the TMA box), and K's transpose as an
+  // MN-major B operand.
+  using TileLayoutKV = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD, cute::_1>{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::_1>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // Q and dO rings (query rows x head dim; TileLayoutQ is the TMA box), and their transposes.
+  using TileLayoutQ = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BM, HD>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BM, HD, Stages>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<HD, BM, Stages>{},
+                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // dS (query rows x keys, two buffers) as dQ's A operand, query rows contiguous (MN-major), and
+  // its transpose, which the consumers write from their dS^T accumulators.
+  using SmemLayoutDs = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                    cute::Shape<BM, BN, cute::_2>{}));
+  using SmemLayoutDst = decltype(cute::composition(
+      SmemLayoutDs{}, cute::make_ordered_layout(cute::Shape<BN, BM, cute::_2>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  // Per consumer: S^T and dP^T (64 keys x kBlockM, both operands from shared memory); dV and dK
+  // (64 keys x head dim, P^T and dS^T from registers); dQ (kDqRows x kDqCols over the block's keys).
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BM, HD>>()));
+  using TiledMmaDkv = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HD, BM>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  using TiledMmaDq = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float,
+                                 cute::Shape<cute::_64, cute::Int<kDqCols>, BN>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
+  static_assert(cute::size<1>(typename TiledMmaDkv::Shape_MNK{}) == kHeadDim,
+                "dK and dV would split into narrower wgmmas: define "
+                "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
+
+  using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
+
+  // dQ's fp32 share of one query block, per consumer, in the order of its accumulator registers
+  // (bwd_aux.cuh reads the workspace in this order).
+  static constexpr int kDqFloats = 64 * kDqCols;
+
+  struct SharedStorage {
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
+    alignas(128) float dq[kConsumers * kDqFloats];
+    alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
+    alignas(16) float d[kStages * kBlockM];         // each dO stage's rows' rowsum(dO * O)
+    typename PipelineQ::SharedStorage pipeline_q;
+    typename PipelineQ::SharedStorage pipeline_do;
+    alignas(8) uint64_t kv_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 232448, "tile needs more than the 227 KB of shared memory");
+
+  static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
+  // A Q (or dO) stage: the tile and its rows' lse (or D).
+  static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * 4;
+};
+
+}  // namespace flashgen::hopper
