@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="time candidate tiles on this GPU; --write puts the "
                           "winners into the config")
     add_selection(tune)
+    tune.add_argument("--direction", action="append", choices=("fwd", "bwd"),
+                      help="the pass to tune: the forward (fwd) or backward (bwd) kind, as --kind")
     tune.add_argument("--seqlen", type=int, default=4096, help="timed seqlen (default 4096)")
     tune.add_argument("--write", action="store_true", help="write the winners into the config")
     tune.add_argument("--out", type=Path, help="write every candidate's row to this JSON file")
@@ -242,7 +244,7 @@ def _tune(args) -> int:
     config = load_config(args.config or paths.config_path())
     specs = [KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
              for family in (args.family or config.families)
-             for kind in (args.kind or KINDS)
+             for kind in (args.kind or args.direction or KINDS)
              for head_dim in (args.head_dim or config.head_dims(family, kind, arch))
              for tile in tune.candidate_tiles(family, kind, arch, head_dim)
              for dtype in (args.dtype or config.dtypes)

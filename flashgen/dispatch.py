@@ -68,12 +68,25 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
     if chosen:
         return tuple(chosen)
     configured = sorted({s.head_dim for s in matching})
-    example = _example_table(matching[0], arch, head_dim)
+    example = _example_table(_buildable_like(matching, arch, head_dim), arch, head_dim)
     hint = ("the largest head dim flashgen supports is 256" if head_dim > 256 else
             f"to add it, put this table in {config_path} and run "
             f"`flashgen generate --arch {arch}`:\n{example}")
     raise DispatchError(f"flashgen: head_dim {head_dim} is not supported by the {what} on {arch}; "
                         f"configured head dims: {configured}; {hint}")
+
+
+def _buildable_like(specs: list[KernelSpec], arch: str, head_dim: int) -> KernelSpec:
+    """The first of the specs whose tile could be built at head_dim, else one of the most general
+    family (the last in priority): a family's tiles may not fit a larger head dim at all (the
+    hopper backward's registers)."""
+    from codegen.arch import ARCHS
+
+    for spec in specs:
+        kind = spec.family_record.kind(spec.kind)
+        if not kind.problems(head_dim, spec.tile, ARCHS[arch]):
+            return spec
+    return max(specs, key=lambda s: families.FAMILIES[s.family].priority)
 
 
 def _example_table(spec: KernelSpec, arch: str, head_dim: int) -> str:

@@ -35,14 +35,18 @@ def specs() -> tuple[KernelSpec, ...]:
 def candidates(arch: str, kind: str, dtype: str, head_dim: int,
                mask: str) -> tuple[dispatch.Choice, ...]:
     """dispatch.candidates over the active config (its errors name the config), restricted to
-    $FLASHGEN_FAMILY when set and that family builds this kind (FLASHGEN_FAMILY=hopper forces the
-    forward; gradients still run on a family that has a backward)."""
+    $FLASHGEN_FAMILY when set and that family can run the call (FLASHGEN_FAMILY=hopper forces
+    the forward; gradients of a head dim without a hopper backward still run on a family that
+    has one)."""
     forced = paths.forced_family()
     if forced is not None and forced not in families.FAMILIES:
         raise dispatch.DispatchError(
             f"flashgen: FLASHGEN_FAMILY={forced} names no kernel family; known: "
             f"{', '.join(sorted(families.FAMILIES))}")
-    if forced is not None and not any(s.family == forced and s.kind == kind for s in specs()):
-        forced = None
-    return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask, paths.config_path(),
-                               family=forced)
+    if forced is not None:
+        try:
+            return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask,
+                                       paths.config_path(), family=forced)
+        except dispatch.DispatchError:
+            pass  # the forced family cannot run this call: the others may
+    return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask, paths.config_path())

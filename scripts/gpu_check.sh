@@ -20,10 +20,12 @@ arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capabil
 python3 -m flashgen generate --arch "$arch" --jobs "$(nproc)" 2>&1 | tee "$OUT/generate.log" \
   | grep -v '^\[' ; [ "${PIPESTATUS[0]}" = 0 ] || { echo "generate failed"; tail -50 "$OUT/generate.log"; exit 1; }
 python3 -m pytest tests -q -rs "$@" 2>&1 | tee "$OUT/pytest.log" | tail -25
-# The forward suite again on the mma family (dispatch prefers the hopper family on an H100).
+# The forward and backward suites again on the mma family (dispatch prefers the hopper family on
+# an H100).
 FLASHGEN_FAMILY=mma python3 -m pytest -q -rs "$@" tests/gpu/test_forward.py tests/gpu/test_odd_input.py \
-  tests/gpu/test_numerics.py tests/gpu/test_wrong_input.py tests/gpu/test_hopper.py 2>&1 \
-  | tee "$OUT/pytest-mma.log" | tail -5
+  tests/gpu/test_numerics.py tests/gpu/test_wrong_input.py tests/gpu/test_hopper.py \
+  tests/gpu/test_backward.py tests/gpu/test_training.py tests/gpu/test_compile.py \
+  tests/gpu/test_hopper_backward.py 2>&1 | tee "$OUT/pytest-mma.log" | tail -5
 # Every default head dim at seqlen 4096 (bf16), forward and backward, beside FlashAttention-2 and
 # cuDNN in one process.
 [ -n "${SKIP_BENCH:-}" ] || python3 -m flashgen bench --dtype bf16 --seqlen 4096 \

@@ -1,5 +1,6 @@
 """Calls flashgen's forward and backward over several specialisations at odd sizes, for
-compute-sanitizer; with --forward-only, the forward alone (no backward kernels need building).
+compute-sanitizer; with --forward-only, the forward alone (no backward kernels need building);
+with --head-dims 64,128 only those head dims' specs.
 Checks each result too, so a clean report also means a right answer. The references run on the
 CPU: under racecheck a cuBLAS kernel hit a hardware exception the sanitizer could not handle."""
 
@@ -23,6 +24,9 @@ SPECS = [(torch.bfloat16, 32), (torch.float16, 64), (torch.bfloat16, 96), (torch
          (torch.bfloat16, 192), (torch.float16, 256)]
 
 forward_only = "--forward-only" in sys.argv[1:]
+if "--head-dims" in sys.argv[1:]:
+    wanted = {int(d) for d in sys.argv[sys.argv.index("--head-dims") + 1].split(",")}
+    SPECS = [(dtype, head_dim) for dtype, head_dim in SPECS if head_dim in wanted]
 torch.manual_seed(0)
 calls = 0
 for (dtype, head_dim), causal, (batch, seqlen_q, seqlen_k, heads, heads_kv) in itertools.product(
@@ -48,4 +52,10 @@ for (dtype, head_dim), causal, (batch, seqlen_q, seqlen_k, heads, heads_kv) in i
     own_error = torch.autograd.grad(same_dtype, cpu, dout.cpu())
     for name, grad, ref, same in zip(("dq", "dk", "dv"), grads, expected, own_error):
         assert_close_fa2(grad, ref, same, name)
+    if causal:  # the deterministic path too (semaphores, ordered dQ adds)
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=True)
+        grads = [g.cpu() for g in torch.autograd.grad(out, (q, k, v), dout)]
+        for name, grad, ref, same in zip(("dq", "dk", "dv"), grads, expected, own_error):
+            assert_close_fa2(grad, ref, same, f"deterministic {name}")
+        calls += 1
 print(f"sanitize_driver: {calls} checked calls")

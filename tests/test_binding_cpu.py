@@ -234,8 +234,40 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         # ctypes reads a null pointer as None
         "dq_accum": None if deterministic else scratch.data_ptr(),
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
+        "softmax_lse_log2": None, "dq_semaphore": None,  # the hopper family's
         **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET),
         **BWD_GRID._asdict()}
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
+    shapes = {"q": Q_SHAPE, "k": KV_SHAPE, "v": KV_SHAPE, "o": Q_SHAPE, "do": Q_SHAPE,
+              "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
+    tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
+    lse = torch.empty(LSE_SHAPE)
+    block_m = 64
+    launcher = RecordingLauncher(BwdParams, family="hopper", mask="none",
+                                 tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
+    workspaces = record_empty(monkeypatch)
+    backward.run(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
+                 tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
+                 MASK_OFFSET, deterministic)
+    ((params, stream),) = launcher.launches
+    assert stream == 77
+    # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
+    # lse * log2(e), then (deterministic) an int per query block and consumer warpgroup.
+    (scratch,) = workspaces
+    query_blocks = BATCH * HEADS * -(-SEQLEN_Q // block_m)
+    rows = query_blocks * block_m
+    turns = query_blocks * (BLOCK_N // 64) if deterministic else 0
+    assert (scratch.shape, scratch.dtype) == ((rows * (64 + 2) + turns,), torch.float32)
+    assert fields(params) == {
+        **tensor_fields(**tensors), "softmax_lse": lse.data_ptr(),
+        "dq_accum": scratch.data_ptr(), "softmax_d": scratch.data_ptr() + 4 * rows * 64,
+        "softmax_lse_log2": scratch.data_ptr() + 4 * rows * 65,
+        "dq_semaphore": scratch.data_ptr() + 4 * rows * 66 if deterministic else None,
+        "dkv_accum": None, "sorted_tail_blocks": 0, "split_blocks": 0, "splits": 1,
+        **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET)}
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])

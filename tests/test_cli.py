@@ -26,7 +26,8 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert f"rendered {len(specs)} kernel(s)" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "decode_sample.cu",
                                                                  "fwd_sample.cu"]
-    assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["fwd_sample.cu"]
+    assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
+                                                                     "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
     assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
     assert manifest.count('"name": "bwd_mma_sm90_') == 24
@@ -34,6 +35,8 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('"name": "decode_mma_sm90_') == 16
     # 5 head dims x 2 dtypes x 2 masks, and 2 causal short-sequence alt tiles x 2 dtypes
     assert manifest.count('"name": "fwd_hopper_sm90_') == 24
+    # head dims 64 and 128 x 2 dtypes x 2 masks
+    assert manifest.count('"name": "bwd_hopper_sm90_') == 8
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -63,14 +66,15 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
-    assert "24 kernel(s)" in out
+    assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2" in out
+    assert "28 kernel(s)" in out
 
 
 def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_" not in out and "4 kernel(s)" in out
+    assert "fwd_" not in out and "8 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out

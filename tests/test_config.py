@@ -241,3 +241,39 @@ kv_stages = 2
 pingpong = {pingpong}
 overlap = true
 """
+
+
+HOPPER_BACKWARD_TABLE = HOPPER_TABLE.format(pingpong="true") + """[hopper.sm_90.head_dim.128.backward]
+block_m = 64
+block_n = 128
+q_stages = 2
+"""
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"block_n": 192}, r"block_n = 192: one consumer warpgroup per 64 keys, so 64 or 128"),
+    ({"block_m": 96}, r"block_m = 96: 64 or 128"),
+    ({"q_stages": 4}, r"shared memory"),
+    # dQ cannot split 128 rows over 2 consumers by columns: 64 rows each need block_m = 128
+    ({"block_m": 128}, r"accumulator registers"),
+])
+def test_hopper_backward_tiles_are_checked_before_nvcc(tmp_path, overrides, message):
+    lines = HOPPER_BACKWARD_TABLE.splitlines()
+    in_backward = False
+    for i, line in enumerate(lines):
+        in_backward = in_backward or line.endswith(".backward]")
+        key = line.split(" =")[0]
+        if in_backward and key in overrides:
+            lines[i] = f"{key} = {overrides[key]}"
+    path = tmp_path / "bad.toml"
+    path.write_text("\n".join(lines))
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_hopper_backward_dq_split_needs_rows_or_columns_of_64(tmp_path):
+    """At head dim 64, block_m 64 over 2 consumers would split dQ into 32 columns each."""
+    path = tmp_path / "bad.toml"
+    path.write_text(HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64"))
+    with pytest.raises(ConfigError, match=r"head_dim 64 gives 32 each"):
+        load_config(path)

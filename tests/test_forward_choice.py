@@ -100,8 +100,8 @@ def test_a_forced_family_without_a_backward_leaves_the_backward_to_one_with_it(m
     from flashgen import registry
 
     monkeypatch.setenv("FLASHGEN_FAMILY", "hopper")
-    (first, *_) = registry.candidates("sm_90", "bwd", "bf16", 128, "none")
-    assert first.spec.family == "mma"
+    (first, *_) = registry.candidates("sm_90", "bwd", "bf16", 256, "none")
+    assert first.spec.family == "mma"  # the hopper family has no head dim 256 backward
 
 
 @pytest.fixture
@@ -118,6 +118,18 @@ def test_the_backward_runs_its_head_dims_main_tile_unpadded(backward):
     launcher, padded_head_dim = backward._choose(0, "bf16", 128, "causal")
     assert launcher.spec.name == "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2"
     assert padded_head_dim is None
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_on_an_h100_dense_gradients_run_on_the_hopper_family_and_varlen_on_the_mma(
+        backward, monkeypatch, mask):
+    monkeypatch.delenv("FLASHGEN_FAMILY")
+    dense = backward.kernel_for(DEVICE, "bf16", 128, mask)
+    assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_m64n128s2"
+    assert backward.kernel_for(DEVICE, "bf16", 128, mask, varlen=True).family == "mma"
+    # head dim 256 has no hopper backward; 80 pads to the mma family's 96, the least padding
+    assert backward.kernel_for(DEVICE, "bf16", 256, mask).family == "mma"
+    assert backward._choose(0, "bf16", 80, mask)[0].spec.name.startswith("bwd_mma_sm90_bf16_hd96")
 
 
 def grid(backward, mask, batch, seqlen, heads, head_dim=128, deterministic=False):

@@ -21,16 +21,17 @@ def specs():
 def test_spec_count_is_the_product_of_the_axes(specs):
     # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles + 2 archs x 2 decode head
     # dims + 2 sm_90 decode alt tiles) x 2 dtypes x 2 masks; hopper: (5 head dims x 2 masks + 2
-    # causal alt tiles) x 2 dtypes, forward on sm_90
-    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2 + 2) * 2 * 2 + (5 * 2 + 2) * 2
+    # causal alt tiles + 2 backward head dims x 2 masks) x 2 dtypes, on sm_90
+    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2 + 2) * 2 * 2 + (5 * 2 + 2 + 2 * 2) * 2
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 16 + 24
+    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 16 + 24 + 8
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal"]
-    assert sorted(s.name for s in chosen) == ["bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+    assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2",
+                                              "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
@@ -48,7 +49,7 @@ def test_filters():
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    assert len(specs) == (2 * 2 * 6 + 2 * 2) * 2 * 2 + 5 * 2 * 2
+    assert len(specs) == (2 * 2 * 6 + 2 * 2) * 2 * 2 + (5 + 2) * 2 * 2
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
@@ -69,7 +70,7 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
-        "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/decode_sample.cu",
+        "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/decode_sample.cu",
         "mma/fwd_sample.cu"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
@@ -84,8 +85,8 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
     render.render_tree(specs, tmp_path)
     entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
     assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
-    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "kv_stages": 2,
-                                  "pingpong": True, "overlap": True}  # hopper's, hd64 causal alt
+    # the hopper backward's, hd64
+    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "q_stages": 2}
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
@@ -106,7 +107,8 @@ def test_committed_params_header_matches_the_table():
 
 def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pays():
     config = load_config(paths.DEFAULT_CONFIG)
-    specs = enumerate_specs(config, kinds=["bwd"], dtypes=["bf16"], masks=["causal"])
+    specs = enumerate_specs(config, kinds=["bwd"], dtypes=["bf16"], masks=["causal"],
+                            family_names=["mma"])
     backward = {(s.arch, s.head_dim): s for s in specs}
     staged = {key for key, spec in backward.items()
               if mma.template_context(spec)["dq_bulk_reduce"]}
@@ -123,7 +125,8 @@ def test_the_backward_stages_dq_for_bulk_adds_where_the_arch_has_them_and_it_pay
 
 def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_scores():
     config = load_config(paths.DEFAULT_CONFIG)
-    split = {(s.arch, s.head_dim) for s in enumerate_specs(config, kinds=["bwd"])
+    split = {(s.arch, s.head_dim)
+             for s in enumerate_specs(config, kinds=["bwd"], family_names=["mma"])
              if mma.template_context(s)["mask_free_step"]}
     # 128 x 128 tiles over 8 warps: 64 scores per thread; 64 x 128 and 64 x 64 hold 32 and 16
     assert split == {("sm_80", 32), ("sm_90", 32), ("sm_90", 64)}
@@ -133,7 +136,7 @@ def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_score
 
 
 def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
-    spec = next(s for s in specs if s.family == "hopper" and s.head_dim == 128)
+    spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128)
     text = render.render_spec(spec)
     assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
     assert "flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask>" in text
@@ -150,3 +153,13 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
     assert hopper_resources.needs_extended_wgmma_shapes(128, 176)
     assert hopper_resources.needs_extended_wgmma_shapes(80, 128)
     assert not hopper_resources.needs_extended_wgmma_shapes(96, 64)
+
+
+def test_hopper_backward_renders_its_traits_and_launch():
+    config = load_config(paths.DEFAULT_CONFIG)
+    spec = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"], head_dims=[128],
+                           dtypes=["bf16"], masks=["none"])[0]
+    text = render.render_spec(spec)
+    assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
+    assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask>" in text
+    assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in text

@@ -227,3 +227,27 @@ def test_hopper_tiles_round_trip_through_suffix_and_config(tmp_path):
     path = tmp_path / "tuned.toml"
     path.write_text(text)
     assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 96)[0] == tile
+
+
+def test_hopper_backward_candidates_fit_and_include_the_default():
+    from codegen.families import hopper
+
+    config = load_config(paths.DEFAULT_CONFIG)
+    head_dims = config.head_dims("hopper", "bwd", "sm_90")
+    assert head_dims == [64, 128]
+    for head_dim in head_dims:
+        tiles = tune.candidate_tiles("hopper", "bwd", "sm_90", head_dim)
+        assert all(type(t) is hopper.BwdTile for t in tiles)
+        assert config.tiles_of("hopper", "bwd", "sm_90", head_dim)[0] in tiles
+        assert all(not hopper.resources.backward_tile_problems(
+            head_dim, t.block_m, t.block_n, t.q_stages, ARCHS["sm_90"].smem_limit)
+            for t in tiles)
+
+
+def test_tune_direction_selects_the_backward_kind(monkeypatch):
+    """`flashgen tune --direction bwd` is `--kind bwd`: only backward candidates are swept."""
+    from flashgen import cli
+
+    parser = cli._parser()
+    args = parser.parse_args(["tune", "--direction", "bwd", "--family", "hopper"])
+    assert args.direction == ["bwd"] and args.kind is None

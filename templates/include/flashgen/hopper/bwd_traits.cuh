@@ -43,9 +43,12 @@ struct BwdTraits {
                 "with block_m = 64, by head-dim columns in multiples of 64");
   static_assert(kStages >= 1, "q_stages: at least 1");
 
+  // setmaxnreg: the producer keeps what TMA issue needs, the consumers share the rest
+  // (multiples of 8).
   static constexpr int kProducerRegisters = kConsumers == 1 ? 56 : 24;
   static constexpr int kConsumerRegisters = kConsumers == 1 ? 256 : 240;
-  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                kThreads * launch_registers(kThreads));
 
   using Atom = decltype(smem_atom<Element, kHeadDim>());
   using HD = cute::Int<kHeadDim>;

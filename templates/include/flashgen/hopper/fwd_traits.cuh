@@ -50,7 +50,8 @@ struct FwdTraits {
   // 64K registers (multiples of 8, one block per SM).
   static constexpr int kProducerRegisters = kConsumers == 1 ? 56 : kConsumers == 2 ? 24 : 32;
   static constexpr int kConsumerRegisters = kConsumers == 1 ? 256 : kConsumers == 2 ? 240 : 160;
-  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <= 65536);
+  static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
+                kThreads * launch_registers(kThreads));
 
   using Atom = decltype(smem_atom<Element, kHeadDim>());
   using HD = cute::Int<kHeadDim>;

@@ -20,6 +20,11 @@ constexpr auto smem_atom() {
   else return GMMA::Layout_K_INTER_Atom<Element>{};
 }
 
+// The registers per thread a block of `threads` threads launches with at one block per SM: what
+// setmaxnreg redistributes. A warpgroup's setmaxnreg.inc waits until others' .dec have freed
+// enough, so the split must fit in it, not in the register file (65536).
+constexpr int launch_registers(int threads) { return 65536 / threads / 8 * 8; }
+
 // bar.sync / bar.arrive on named barrier `id` (0 is __syncthreads) among `threads` threads.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -1,0 +1,138 @@
+"""The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever
+its head dim has a backward table (a variable-length batch's gradients go to the mma family),
+key blocks that no query sees write zero gradients, long causal and GQA walks accumulate dQ
+right, and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical,
+including grids of more key blocks than SMs, which wait on blocks launched before them. The rest
+of the backward suite (test_backward, test_training, test_compile) runs on it too (it is the
+default there); scripts/gpu_check.sh runs those files again with FLASHGEN_FAMILY=mma."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from flashgen import (backward, flash_attn_func, flash_attn_varlen_func,
+                      scaled_dot_product_attention)
+from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+
+hopper_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+    reason="the hopper family runs on compute capability 9.0")
+
+
+def grads_and_reference(q, k, v, causal, deterministic=False):
+    """flashgen's dq, dk, dv; the fp32 reference's; PyTorch's in the inputs' dtype."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_func(*leaves, causal=causal, deterministic=deterministic)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    expected = []
+    for upcast in (True, False):
+        ref_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*ref_leaves, causal=causal, upcast=upcast)
+        expected.append(torch.autograd.grad(ref, ref_leaves, dout))
+    return grads, expected[0], expected[1], dout
+
+
+def assert_grads_close(grads, reference, same_dtype):
+    for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, reference, same_dtype):
+        assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("mask", ["none", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_dispatch_runs_the_hopper_backward_on_compute_capability_9_0(head_dim, mask):
+    spec = backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim, mask)
+    assert spec.family == (os.environ.get("FLASHGEN_FAMILY") or "hopper")
+    varlen = backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim, mask, varlen=True)
+    assert varlen.family == "mma"
+
+
+@hopper_gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_key_blocks_no_query_sees_get_zero_gradients(head_dim):
+    """Top-left causal (SDPA's) with more keys than queries: the key blocks past the last query
+    have no step to walk and must still write dK = dV = 0 over the poisoned allocations."""
+    q = torch.randn(2, 100, 8, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, 700, 2, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    out = scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
+                                       enable_gqa=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert torch.isfinite(dq).all()
+    assert torch.equal(dk[:, 100:], torch.zeros_like(dk[:, 100:]))
+    assert torch.equal(dv[:, 100:], torch.zeros_like(dv[:, 100:]))
+    assert dk[:, :100].abs().sum() > 0 and dv[:, :100].abs().sum() > 0
+
+
+@hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=lambda d: f"hd{d}")
+def test_long_gqa_walks(head_dim, dtype, causal):
+    """Each thread block walks every query block of its KV head's 4 query heads (GQA's sums in
+    registers), 3000 odd rows long, its dQ shares added by many key blocks."""
+    q = torch.randn(1, 3000, 8, head_dim, device="cuda", dtype=dtype)
+    k = torch.randn(1, 3000, 2, head_dim, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, causal)
+    assert_grads_close(grads, reference, same_dtype)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
+def test_deterministic_gqa_is_bit_identical(head_dim, causal):
+    """GQA and head dim 256 explicitly (FlashAttention-3's deterministic mode has had wrong
+    results there); head dim 256 runs on the mma family."""
+    q = torch.randn(2, 1500, 8, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1500, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    torch.manual_seed(1)
+    first, reference, same_dtype, dout = grads_and_reference(q, k, v, causal, deterministic=True)
+    assert_grads_close(first, reference, same_dtype)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    for run in range(3):
+        out = flash_attn_func(*leaves, causal=causal, deterministic=True)
+        again = torch.autograd.grad(out, leaves, dout)
+        for name, grad, was in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, was), f"{name} differs in run {run}"
+
+
+@hopper_gpu
+def test_deterministic_grid_of_more_key_blocks_than_sms():
+    """4 heads x 128 key blocks of 16k keys (4 blocks per SM): blocks wait on the key blocks
+    after theirs, which launch first, so the run ends (a wrong order would hang) and matches the
+    reference."""
+    q, k, v = (torch.randn(1, 16384, 4, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, True, deterministic=True)
+    assert_grads_close(grads, reference, same_dtype)
+
+
+@hopper_gpu
+def test_varlen_gradients_run_on_the_mma_family():
+    """The hopper backward takes dense batches; a packed batch's gradients are still right."""
+    lengths = [300, 17, 1000]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
+                      dtype=torch.int32)
+    q, k, v = (torch.randn(sum(lengths), 4, 128, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for i, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        pieces = [t.detach()[start:end].unsqueeze(0) for t in (q, k, v)]
+        expected = []
+        for upcast in (True, False):
+            leaves = [p.clone().requires_grad_() for p in pieces]
+            ref, _ = attention_ref(*leaves, causal=True, upcast=upcast)
+            expected.append(torch.autograd.grad(ref, leaves, dout[start:end].unsqueeze(0)))
+        for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, *expected):
+            assert_close_fa2(grad[start:end].unsqueeze(0), ref, pt, f"{name} of sequence {i}",
+                             eps=GRADIENT_EPS)
