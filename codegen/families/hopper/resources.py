@@ -79,12 +79,12 @@ BACKWARD_REGISTER_OVERHEAD = 16
 
 
 def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int) -> int:
-    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (block_m x head_dim), each
-    stage's lse and D, and the barriers."""
+    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (two buffers of block_m x
+    head_dim), each stage's lse and D, and the barriers."""
     kv = 2 * _align(block_n * head_dim * ELEMENT_BYTES)
     rings = 2 * _align(q_stages * block_m * head_dim * ELEMENT_BYTES)
     ds = _align(2 * block_m * block_n * ELEMENT_BYTES)
-    dq = block_m * head_dim * 4
+    dq = 2 * block_m * head_dim * 4
     stats = 2 * q_stages * block_m * 4
     barriers = 2 * 2 * 8 * q_stages + 8
     return kv + rings + ds + dq + stats + barriers

@@ -26,7 +26,7 @@
 namespace flashgen::hopper {
 
 // Named barriers (0 is __syncthreads): every consumer has written its dS^T; kDqStaged + w:
-// consumer w's dQ share is staged (or its staging buffer free).
+// consumer w's dQ share is staged.
 constexpr int kDsWrittenBarrier = 1;
 constexpr int kDqStagedBarrier = 2;
 
@@ -224,7 +224,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{})));
   Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{});
   static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
-  float* const dq_staged = smem.dq + consumer * Traits::kDqFloats;
+  // Two staging buffers per consumer, used in turn: a step's add reads one while the next step
+  // writes the other.
+  float* const dq_staging = smem.dq + consumer * 2 * Traits::kDqFloats;
 
   clear(tdVrdV);
   clear(tdKrdK);
@@ -281,8 +283,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ++do_state;
 
     // dQ's share -> staging, 16 bytes per thread per store in register order -> one bulk add.
-    if (thread == 0) wait_bulk_reads();  // the previous step's add has read the staging
-    named_sync(kDqStagedBarrier + consumer, 128);
+    // This buffer's last add (two steps ago) has read it: its issuing thread waited for that at
+    // the end of the last step, before this step's dS barrier.
+    float* const dq_staged = dq_staging + (step & 1) * Traits::kDqFloats;
     CUTE_UNROLL
     for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
       reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
@@ -308,6 +311,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       } else {
         bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
       }
+      // The other buffer, written next step: the add before this one has read it.
+      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
     }
   }
 
