@@ -206,24 +206,31 @@ def record_empty(monkeypatch) -> list:
     return made
 
 
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
+def run_backward(monkeypatch, launcher, deterministic):
+    """backward.run on distinct-strided views through a recording launcher: (the views, lse, the
+    params it launched with, the fp32 scratch it allocated)."""
     shapes = {"q": Q_SHAPE, "k": KV_SHAPE, "v": KV_SHAPE, "o": Q_SHAPE, "do": Q_SHAPE,
               "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
     tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
     lse = torch.empty(LSE_SHAPE)
-    launcher = RecordingLauncher(BwdParams, family="mma", mask="none",
-                                 tile=SimpleNamespace(block_n=BLOCK_N))
-    monkeypatch.setattr(mma, "backward_grid", lambda *_: BWD_GRID)
     workspaces = record_empty(monkeypatch)
     backward.run(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
                  tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
                  MASK_OFFSET, deterministic)
     ((params, stream),) = launcher.launches
     assert stream == 77
+    (scratch,) = workspaces
+    return tensors, lse, params, scratch
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
+    launcher = RecordingLauncher(BwdParams, family="mma", mask="none",
+                                 tile=SimpleNamespace(block_n=BLOCK_N))
+    monkeypatch.setattr(mma, "backward_grid", lambda *_: BWD_GRID)
+    tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch: dQ's workspace (rows x padded head dim, none when deterministic), the
     # split blocks' dK, dV and counter (BwdTraits::kSplitFloats each), then D.
-    (scratch,) = workspaces
     rows = math.prod(LSE_SHAPE)
     dq_floats = 0 if deterministic else rows * resources.padded_head_dim(64)
     split_floats = BWD_GRID.split_blocks * (2 * BLOCK_N * 64 + 1)
@@ -241,22 +248,12 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
-    shapes = {"q": Q_SHAPE, "k": KV_SHAPE, "v": KV_SHAPE, "o": Q_SHAPE, "do": Q_SHAPE,
-              "dq": Q_SHAPE, "dk": KV_SHAPE, "dv": KV_SHAPE}
-    tensors = dict(zip(shapes, distinct_strides(*shapes.values())))
-    lse = torch.empty(LSE_SHAPE)
     block_m = 64
     launcher = RecordingLauncher(BwdParams, family="hopper", mask="none",
                                  tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
-    workspaces = record_empty(monkeypatch)
-    backward.run(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
-                 tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
-                 MASK_OFFSET, deterministic)
-    ((params, stream),) = launcher.launches
-    assert stream == 77
+    tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
     # lse * log2(e), then (deterministic) an int per query block and consumer warpgroup.
-    (scratch,) = workspaces
     query_blocks = BATCH * HEADS * -(-SEQLEN_Q // block_m)
     rows = query_blocks * block_m
     turns = query_blocks * (BLOCK_N // 64) if deterministic else 0
