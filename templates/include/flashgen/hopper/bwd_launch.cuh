@@ -46,8 +46,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t query_blocks =
       (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
   const int64_t padded_rows = query_blocks * kBlockM;
-  const int64_t prepare_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
-  const int64_t prepare_grid = (prepare_blocks + kDRowsPerBlock<Traits::kHeadDim> - 1) /
+  const int64_t rows_per_head = (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
+  const int64_t prepare_grid = (rows_per_head + kDRowsPerBlock<Traits::kHeadDim> - 1) /
                                kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                              p.batch * p.heads_kv;
