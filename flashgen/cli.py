@@ -245,6 +245,7 @@ def _tune(args) -> int:
     specs = [KernelSpec(family, kind, arch, dtype, head_dim, mask, tile)
              for family in (args.family or config.families)
              for kind in (args.kind or args.direction or KINDS)
+             if kind in tune.GRIDS.get(family, {})  # decode tiles are set by hand
              for head_dim in (args.head_dim or config.head_dims(family, kind, arch))
              for tile in tune.candidate_tiles(family, kind, arch, head_dim)
              for dtype in (args.dtype or config.dtypes)

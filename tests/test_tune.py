@@ -251,3 +251,18 @@ def test_tune_direction_selects_the_backward_kind(monkeypatch):
     parser = cli._parser()
     args = parser.parse_args(["tune", "--direction", "bwd", "--family", "hopper"])
     assert args.direction == ["bwd"] and args.kind is None
+
+
+def test_tune_sweeps_only_the_kinds_with_a_grid(monkeypatch):
+    """Without --kind, every kind that has a tile grid (decode tiles are set by hand)."""
+    torch = pytest.importorskip("torch")
+
+    from flashgen import cli
+
+    swept = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    monkeypatch.setattr(tune, "sweep", lambda specs, seqlen: swept.extend(specs) or [])
+    assert cli.main(["tune", "--family", "mma", "--head-dim", "128", "--dtype", "bf16",
+                     "--mask", "none"]) == 0
+    assert {s.kind for s in swept} == {"fwd", "bwd"}
