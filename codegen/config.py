@@ -4,6 +4,7 @@ Layout of the file (see configs/default.toml):
 
     dtypes = ["fp16", "bf16"]
     masks = ["none", "causal"]
+    score_mods = ["none", "softcap"]    # optional: score modifiers built (codegen/score_mods.py)
     [mma.sm_90.head_dim.128]            # family mma, arch sm_90, head dim 128: its forward tile
     block_m = 128
     block_n = 64
@@ -39,6 +40,7 @@ from codegen import families
 from codegen.arch import ARCHS
 from codegen.family import Family, Kind, Tile
 from codegen.masks import MASKS
+from codegen.score_mods import SCORE_MODS
 
 DTYPES = ("fp16", "bf16")
 MAX_HEAD_DIM = 256
@@ -63,6 +65,7 @@ class Config:
     # (family, kind, arch, head_dim, mask) -> that mask's tiles (main first, then alt tiles)
     # where a [....<mask>] subtable changes them; sorted
     mask_tiles: tuple[tuple[MaskTileKey, tuple[Tile, ...]], ...] = ()
+    score_mods: tuple[str, ...] = ("none",)  # codegen/score_mods.py
 
     def tiles_of(self, family: str, kind: str, arch: str, head_dim: int,
                  mask: str | None = None) -> tuple[Tile, ...]:
@@ -104,13 +107,19 @@ def parse_config(raw: dict, path: Path) -> Config:
                    "write [mma.sm_XX.head_dim.N] (and [[...alt_tiles]] for [[...variants]])")
     if "causal" in raw:
         raise fail("causal", 'write masks = ["none", "causal"] instead of causal = [false, true]')
-    _reject_unknown(raw, {"dtypes", "masks", *families.FAMILIES}, "top level", fail)
+    _reject_unknown(raw, {"dtypes", "masks", "score_mods", *families.FAMILIES}, "top level",
+                    fail)
     dtypes = raw.get("dtypes", list(DTYPES))
     if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
         raise fail("dtypes", f"{dtypes!r}: must be a non-empty list drawn from {list(DTYPES)}")
     masks = raw.get("masks", list(MASKS))
     if not isinstance(masks, list) or not masks or any(m not in MASKS for m in masks):
         raise fail("masks", f"{masks!r}: must be a non-empty list drawn from {list(MASKS)}")
+    score_mods = raw.get("score_mods", ["none"])
+    if (not isinstance(score_mods, list) or "none" not in score_mods
+            or any(m not in SCORE_MODS for m in score_mods)):
+        raise fail("score_mods", f"{score_mods!r}: must be a list drawn from {list(SCORE_MODS)} "
+                   f"that holds \"none\" (the plain score)")
 
     tiles: dict[TileKey, tuple[Tile, ...]] = {}
     mask_tiles: dict[MaskTileKey, Tile] = {}
@@ -123,6 +132,7 @@ def parse_config(raw: dict, path: Path) -> Config:
         raise fail("top level", "at least one [<family>.sm_XX.head_dim.N] table is required, e.g. "
                    f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
+                  score_mods=tuple(sorted(set(score_mods))),
                   tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from codegen.params import WINDOW_UNBOUNDED
+
 
 @dataclass(frozen=True)
 class MaskKind:
@@ -18,7 +20,27 @@ class MaskKind:
 
 MASKS = {m.name: m for m in (
     MaskKind("none", "flashgen::NoMask", hides_keys=False),
-    # Query row i sees key j iff j <= i + offset, the offset per sequence (bottom-right or top-left
-    # aligned, chosen by the caller).
+    # Query row i sees key j iff j <= i + offset, the offset per sequence (bottom-right or
+    # top-left aligned, chosen by the caller).
     MaskKind("causal", "flashgen::CausalMask", hides_keys=True),
+    # Query row i sees key j iff i + offset - left <= j <= i + offset + right, the window at run
+    # time (params.h): every sliding (local) window, causal or not, runs on these kernels.
+    MaskKind("window", "flashgen::WindowMask", hides_keys=True),
 )}
+
+
+@dataclass(frozen=True)
+class Band:
+    """A call's run-time mask arguments (params.h): query row i sees key j iff
+    i + offset - left <= j <= i + offset + right (the window kind; the causal kind reads the
+    offset alone, its band is right = 0 with left unbounded, the none kind reads nothing). The
+    default is causal attention aligned top-left; offset seqlen_k - seqlen_q aligns it
+    bottom-right."""
+    offset: int = 0
+    left: int = WINDOW_UNBOUNDED
+    right: int = 0
+
+    def fields(self) -> dict:
+        """The params fields, by name."""
+        return {"mask_offset": self.offset, "window_left": self.left,
+                "window_right": self.right}

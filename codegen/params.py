@@ -42,6 +42,10 @@ def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "",
                  optional=optional)
 
 
+# A window bound that hides nothing: larger than any sequence, small enough that the kernels'
+# sums of a row, an offset and a bound stay inside int (common/mask.cuh's WindowMask).
+WINDOW_UNBOUNDED = 1 << 30
+
 # What every pass reads: the inputs and the problem's sizes, scale and mask.
 ATTENTION_FIELDS = (
     _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides in elements "
@@ -55,6 +59,14 @@ ATTENTION_FIELDS = (
     Field("mask_offset", "int", "Causal mask: query row i sees key j iff j <= i + mask_offset. "
           "seqlen_k - seqlen_q aligns it to the bottom-right corner (FlashAttention), 0 to the "
           "top-left (PyTorch SDPA)", default=0),
+    Field("window_left", "int", "The window mask kind's band: query row i sees key j iff "
+          "i + mask_offset - window_left <= j <= i + mask_offset + window_right, each bound at "
+          f"most {WINDOW_UNBOUNDED} (unbounded). Causal: window_right 0, window_left unbounded",
+          default=WINDOW_UNBOUNDED),
+    Field("window_right", "int", "", default=0),
+    Field("softcap", "float", "The softcap score modifier's cap c: scores become c * tanh(s * "
+          "softmax_scale / c), and scale_log2 is c * log2(e) (codegen/score_mods.py)",
+          default=0.0),
     Field("cu_seqlens_q", "const int*", "(batch + 1,): a variable-length batch's sequence starts "
           "in packed (1, total rows, heads, head_dim) tensors, then the total; seqlen_q and "
           "seqlen_k are then the longest lengths, each sequence's causal mask aligns bottom-right "

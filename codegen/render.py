@@ -10,6 +10,7 @@ from pathlib import Path
 import jinja2
 
 from codegen.masks import MASKS
+from codegen.score_mods import SCORE_MODS
 from codegen.spec import KernelSpec
 
 ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -34,7 +35,9 @@ def render_spec(spec: KernelSpec) -> str:
     family = spec.family_record
     template = _environment(family.template_dir).get_template(family.kind(spec.kind).template)
     return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype],
-                           mask_type=MASKS[spec.mask].cpp_type, **family.template_context(spec))
+                           mask_type=MASKS[spec.mask].cpp_type,
+                           score_mod_type=SCORE_MODS[spec.score_mod].cpp_type,
+                           **family.template_context(spec))
 
 
 def write_if_changed(path: Path, text: str) -> bool:

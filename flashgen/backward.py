@@ -9,17 +9,19 @@ import functools
 import torch
 
 from codegen.arch import arch_for_capability
+from codegen.masks import Band
+from codegen.score_mods import score_mod_of
 from flashgen import families, launch, loader, registry
 
 
-def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_offset: int,
+def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band: Band,
              deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=0, max_seqlen_k=0):
+             max_seqlen_q=0, max_seqlen_k=0, *, softcap: float = 0.0):
     """dq, dk, dv with the shapes of q, k, v.
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
-    mask and mask_offset as in the forward. deterministic=True gives bit-identical gradients
+    mask, band and softcap as in the forward. deterministic=True gives bit-identical gradients
     across runs. The gradients are allocated as the forward's output is (launch.empty_output):
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
@@ -30,7 +32,8 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
-    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen))
+    launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
+                                        score_mod_of(softcap))
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
@@ -38,7 +41,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
         inputs = launch.aligned(q, k, v, out, dout,
                                 tma=launcher.spec.family_record.tma_inputs)
         work = grads
-    run(launcher, *inputs, lse.contiguous(), *work, scale, mask_offset, deterministic, varlen)
+    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, softcap)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
@@ -46,22 +49,22 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, mask_
 
 
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
-        mask_offset: int, deterministic: bool, varlen: tuple = ()) -> None:
+        band: Band, deterministic: bool, varlen: tuple = (), softcap: float = 0.0) -> None:
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views; its family
     decides its grids and workspaces. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views."""
     spec = launcher.spec
     args, scratch = families.runtime(spec.family).backward_args(
-        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, mask_offset, deterministic, varlen)
+        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, softcap)
     launch.call_on_device(loader.binding().bwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
     del scratch  # queued: the caching allocator reuses it in stream order
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
-               varlen: bool = False):
+               varlen: bool = False, score_mod: str = "none"):
     """The backward kernel a call runs (the bench reports its family and tile)."""
-    return _choose(device.index, dtype, head_dim, mask, varlen)[0].spec
+    return _choose(device.index, dtype, head_dim, mask, varlen, score_mod)[0].spec
 
 
 def clear_plans() -> None:
@@ -70,17 +73,16 @@ def clear_plans() -> None:
 
 
 @functools.cache
-def _choose(device_index: int, dtype: str, head_dim: int, mask: str,
-            varlen: bool = False) -> tuple[loader.Launcher, int | None]:
+def _choose(device_index: int, dtype: str, head_dim: int, mask: str, varlen: bool = False,
+            score_mod: str = "none") -> tuple[loader.Launcher, int | None]:
     """The backward launcher for these calls and the head dim to zero-pad to (None: no padding):
     the best family's main tile (among those that take a variable-length batch, for one),
     whatever the shape. Cached: the first call decides, later ones pay one lookup."""
     arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
-    choices = registry.candidates(arch, "bwd", dtype, head_dim, mask)
-    if varlen:
-        choices = [c for c in choices if c.spec.family_record.varlen_backward]
-        if not choices:
-            raise NotImplementedError(f"flashgen: no configured backward of head dim {head_dim} "
-                                      f"takes a variable-length batch; configure the mma "
-                                      f"family's [mma.<arch>.head_dim.N.backward]")
+    choices = registry.candidates(arch, "bwd", dtype, head_dim, mask, score_mod,
+                                  accepts=lambda family: family.varlen_backward or not varlen)
+    if not choices:  # only where a variable-length batch filtered every family out
+        raise NotImplementedError(f"flashgen: no configured backward of head dim {head_dim} "
+                                  f"takes a variable-length batch; configure the mma "
+                                  f"family's [mma.<arch>.head_dim.N.backward]")
     return loader.launcher(choices[0].spec), choices[0].padded_head_dim

@@ -12,12 +12,13 @@ from codegen import families
 from codegen.arch import ARCHS
 from codegen.config import DTYPES, ConfigError, load_config
 from codegen.masks import MASKS
+from codegen.score_mods import SCORE_MODS
 from codegen.spec import KINDS, enumerate_specs
 
 
 def _parser() -> argparse.ArgumentParser:
     from flashgen import __version__
-    from flashgen.tools.bench import MODES, SERVING_MODES
+    from flashgen.tools.bench import MODES, SERVING_MODES, VARIANTS_MODE
 
     parser = argparse.ArgumentParser(prog="flashgen", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashgen {__version__}")
@@ -32,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", action="append", choices=DTYPES, help="only these dtypes")
         p.add_argument("--mask", action="append", choices=sorted(MASKS),
                        help="only kernels of these mask kinds")
+        p.add_argument("--score-mod", action="append", choices=sorted(SCORE_MODS),
+                       help="only kernels of these score modifiers")
         p.add_argument("--kind", action="append", choices=KINDS,
                        help="only forward (fwd) or backward (bwd) kernels (default: both)")
         p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),
@@ -57,12 +60,15 @@ def _parser() -> argparse.ArgumentParser:
                        "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
                        "on request flashgen_deterministic, and flashgen_main_tile or "
                        "flashgen_alt_tile: the forward on one tile whatever the shape)")
-    bench.add_argument("--mode", action="append", choices=MODES + SERVING_MODES,
+    bench.add_argument("--mode", action="append",
+                       choices=MODES + SERVING_MODES + (VARIANTS_MODE,),
                        help="fwd, bwd (the backward after an untimed forward) or fwd_bwd; repeat "
                        "for several (default: fwd and bwd; with --memory: fwd and fwd_bwd); or "
                        "alone, decode or prefill: attention over a KV cache "
                        "(flashgen/tools/bench/serving.py; --dtype, --head-dim, --batch and "
-                       "--seqlen, the cache length, narrow its grid)")
+                       "--seqlen, the cache length, narrow its grid); or alone, variants: "
+                       "windows and softcap against FlexAttention "
+                       "(flashgen/tools/bench/variants.py; --head-dim narrows it)")
     bench.add_argument("--out", type=Path, help="write results.json and results.md here")
     bench.add_argument("--memory", action="store_true", help="peak memory of one forward call and "
                        "of forward + backward, seqlen 1k..128k, instead of speed")
@@ -90,7 +96,8 @@ def _selected(args):
     config_path = args.config or paths.config_path()
     config = load_config(config_path)
     specs = enumerate_specs(config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
-                            masks=args.mask, kinds=args.kind, family_names=args.family)
+                            masks=args.mask, kinds=args.kind, family_names=args.family,
+                            score_mods=args.score_mod)
     return config, specs
 
 
@@ -161,6 +168,8 @@ def _bench(args) -> int:
         return 0
     if args.mode and args.mode[0] in bench.SERVING_MODES:
         return _bench_serving(args)
+    if args.mode and args.mode[0] == bench.VARIANTS_MODE:
+        return _bench_variants(args)
     impls = tuple(args.impl) if args.impl else None
     modes = tuple(args.mode) if args.mode else None
     if args.memory:
@@ -200,6 +209,19 @@ def _bench_serving(args) -> int:
     return 0
 
 
+def _bench_variants(args) -> int:
+    from flashgen.tools.bench import variants
+
+    grid = dict(variants.GRID)
+    if args.head_dim:
+        grid["head_dims"] = tuple(args.head_dim)
+    result = variants.run(grid)
+    if args.out:
+        for path in variants.write(result, args.out, "flashgen " + " ".join(sys.argv[1:])):
+            print(f"flashgen bench: wrote {path}")
+    return 0
+
+
 def _bench_argument_problem(args) -> str | None:
     """What is wrong with the bench's arguments, checked before looking for a GPU."""
     from flashgen.tools import bench
@@ -207,12 +229,12 @@ def _bench_argument_problem(args) -> str | None:
     unknown = sorted(set(args.impl or ()) - set(bench.KNOWN_IMPLEMENTATIONS))
     if unknown:
         return f"unknown --impl {unknown}; choose from {list(bench.KNOWN_IMPLEMENTATIONS)}"
-    serving = set(args.mode or ()) & set(bench.SERVING_MODES)
+    serving = set(args.mode or ()) & {*bench.SERVING_MODES, bench.VARIANTS_MODE}
     if serving and (len(args.mode) > 1 or args.memory or args.overhead or args.impl
                     or args.causal or args.heads):
         return (f"--mode {serving.pop()} runs alone, without --memory, --overhead, --impl, "
-                f"--causal or --heads (its grid and peers are fixed; --dtype, --head-dim, "
-                f"--batch and --seqlen narrow it)")
+                f"--causal or --heads (its grid and peers are fixed; --help says which options "
+                f"narrow it)")
     if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
         return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
                 f"includes what its forward saved)")

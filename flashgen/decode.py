@@ -13,9 +13,11 @@ import torch
 from codegen import params
 from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
+from codegen.masks import Band
+from codegen.params import WINDOW_UNBOUNDED
+from codegen.score_mods import score_fields
 from flashgen import dispatch, forward, launch, loader, registry
 
-_LOG2_E = math.log2(math.e)
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
 PREFILL_ROWS = 256
@@ -52,11 +54,12 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-           cache_batch_idx, block_table, scale: float, causal: bool, rotary_interleaved: bool,
-           num_splits: int):
+           cache_batch_idx, block_table, scale: float, window_left: int, window_right: int,
+           rotary_interleaved: bool, num_splits: int):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
     inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
-    first (rotated when rotary_cos is given)."""
+    first (rotated when rotary_cos is given). The queries see the band of keys that
+    validate.band describes, aligned bottom-right per sequence (causal: window_right 0)."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not launch.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -72,7 +75,15 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     dtype = "fp16" if q.dtype == torch.float16 else "bf16"
-    mask = "causal" if causal and seqlen_q > 1 else "none"
+    # The kernels align each sequence's band bottom-right to its own cache length. One query
+    # sees every key up to its own: a right bound hides nothing then.
+    band = Band(capacity - seqlen_q, window_left, window_right)
+    if window_left < WINDOW_UNBOUNDED:
+        mask = "window"
+    elif window_right < WINDOW_UNBOUNDED and seqlen_q > 1:
+        mask = "causal" if window_right == 0 else "window"
+    else:
+        mask = "none"
     device_index = q.get_device()
     packed_rows = seqlen_q * (heads // heads_kv)
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS)
@@ -91,8 +102,9 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         num_splits = 0  # the decode launch appends only
     elif num_splits == 0:
         packed_blocks = -(-packed_rows // spec.tile.block_m)
+        keys = min(capacity, window_left + seqlen_q)  # the most any block's tokens see
         num_splits = choose_splits(batch * heads_kv * packed_blocks,
-                                   -(-capacity // spec.tile.block_n), slots)
+                                   -(-keys // spec.tile.block_n), slots)
     o_accum = lse_accum = None
     if num_splits > 1:
         o_accum = torch.empty((num_splits, batch, heads, seqlen_q, head_dim),
@@ -103,8 +115,8 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
     args = params.decode_args(
         q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
-        heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity, softmax_scale=scale,
-        scale_log2=scale * _LOG2_E, num_splits=num_splits,
+        heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity,
+        **score_fields(scale), **band.fields(), num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
         cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
@@ -125,7 +137,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         forward_launcher, fields = attention
         cache = {name: getattr(args, name) for name in _CACHE_FIELDS}
         forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
-                    scale, capacity - seqlen_q, {**fields, **cache}, batch=batch,
+                    scale, band, {**fields, **cache}, batch=batch,
                     seqlen_k=capacity)
     return out, lse
 
@@ -153,7 +165,7 @@ def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batc
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
                group: int = 1):
-    """The decode kernel a call runs (the bench reports its tile)."""
+    """The decode kernel a call without a window runs (the bench reports its tile)."""
     mask = "causal" if causal and seqlen_q > 1 else "none"
     return _plan(device.index, dtype, head_dim, mask, seqlen_q * group >= PREFILL_ROWS)[0].spec
 

@@ -32,12 +32,13 @@ class Choice:
 
 def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, head_dim: int,
                mask: str, config_path: Path | str = "the config",
-               family: str | None = None) -> tuple[Choice, ...]:
+               family: str | None = None, score_mod: str = "none") -> tuple[Choice, ...]:
     """Every spec that can run this call, best first: each family's kernels of the smallest
     configured head dim that fits (the call's own, else the next larger one: zero-padded), the
     families with the least padding first and among those by priority; in each family the head
     dim's tiles in the config's order, the main tile first. specs: every configured spec, each (family, kind, arch,
-    dtype, head dim, mask)'s tiles in the config's order. family: only that family's (None: all).
+    dtype, head dim, mask, score modifier)'s tiles in the config's order. family: only that
+    family's (None: all).
     Raises DispatchError, saying how to configure one, when there is none."""
     arch_specs = [s for s in specs if s.arch == arch and s.kind == kind
                   and (family is None or s.family == family)]
@@ -50,7 +51,16 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
             f"configures {', '.join(archs) or 'none'}. Add [<family>.{arch}.head_dim.N] tables to "
             f"the config (e.g. [mma.{arch}.head_dim.128]; shared-memory limits differ per arch) "
             f"and run `flashgen generate --arch {arch}`.")
-    matching = [s for s in arch_specs if s.dtype == dtype and s.mask == mask]
+    matching = [s for s in arch_specs if s.dtype == dtype and s.mask == mask
+                and s.score_mod == score_mod]
+    if not matching and score_mod != "none" and any(s.score_mod == score_mod for s in specs):
+        raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
+                            f"with mask {mask!r} and score modifier {score_mod!r} for {arch}")
+    if not matching and score_mod != "none":
+        raise DispatchError(
+            f"flashgen: {config_path} builds no {what} kernels with score modifier "
+            f"{score_mod!r}: add it to the config's score_mods (e.g. score_mods = [\"none\", "
+            f"\"{score_mod}\"]) and run `flashgen generate --arch {arch}`")
     if not matching:
         raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
                             f"with mask {mask!r} for {arch}")

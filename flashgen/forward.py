@@ -11,25 +11,26 @@ import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
-from codegen.masks import MASKS
+from codegen.masks import MASKS, Band
+from codegen.score_mods import score_fields, score_mod_of
 from codegen.spec import KernelSpec
 from flashgen import families, launch, loader, registry
 
-_LOG2_E = math.log2(math.e)
 
 
-def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, heads_first: bool,
+def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
             cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-            max_seqlen_q=0, max_seqlen_k=0):
+            max_seqlen_q=0, max_seqlen_k=0, *, softcap: float = 0.0):
     """out (q's shape and dtype, laid out by launch.empty_output) and lse (batch, heads,
     seqlen_q) fp32.
 
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
-    j <= i + mask_offset. With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
+    i + band.offset - band.left <= j <= i + band.offset + band.right. softcap > 0 caps the scores
+    (codegen/score_mods.py). With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
     variable-length batch packed as (1, total, heads, dim), its longest sequences max_seqlen_q and
-    max_seqlen_k, each sequence's causal mask aligned bottom-right; lse is then (1, heads,
-    total_q). seqused_k and page_table are the op schema's room for layouts not implemented here.
+    max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).
+    seqused_k and page_table are the op schema's room for layouts not implemented here.
     """
     if seqused_k is not None or page_table is not None:
         raise NotImplementedError("flashgen: seqused_k and page_table are not implemented in "
@@ -44,7 +45,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
         q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
-        "dense" if sequences is None else "varlen")
+        "dense" if sequences is None else "varlen", score_mod_of(softcap))
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -61,7 +62,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, mask_offset: int, head
         q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
         o = out
 
-    run(launcher, q, k, v, o, lse, scale, mask_offset, fields, sequences)
+    run(launcher, q, k, v, o, lse, scale, band, fields, sequences, softcap=softcap)
     if o is not out:
         out.copy_(o[..., :head_dim])
     return out, lse
@@ -76,9 +77,9 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
             q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
 
 
-def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: int,
-        fields: dict, sequences: tuple | None = None, batch: int | None = None,
-        seqlen_k: int | None = None) -> None:
+def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fields: dict,
+        sequences: tuple | None = None, batch: int | None = None,
+        seqlen_k: int | None = None, softcap: float = 0.0) -> None:
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
     tensors' device and its current stream; fields: its family's own FwdParams fields (a KV
     cache's among them). sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k
@@ -100,8 +101,8 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: i
                if spec.family_record.tile_counter and MASKS[spec.mask].hides_keys else None)
     args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), batch=batch,
                            heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                           softmax_scale=scale, scale_log2=scale * _LOG2_E,
-                           mask_offset=mask_offset, cu_seqlens_q=cu_seqlens_q,
+                           **score_fields(scale, softcap), **band.fields(),
+                           cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k,
                            tile_counter=0 if counter is None else counter.data_ptr(),
                            q_view_batch=q_view_batch, q_view_rows=q_view_rows,
@@ -111,9 +112,10 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, mask_offset: i
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch_heads: int,
-               seqlen_q: int, reads: str = "dense") -> KernelSpec:
+               seqlen_q: int, reads: str = "dense", score_mod: str = "none") -> KernelSpec:
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
-    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, reads)[0].spec
+    return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, reads,
+                 score_mod)[0].spec
 
 
 def clear_plans() -> None:
@@ -143,12 +145,13 @@ def plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: i
 
 @functools.lru_cache(maxsize=4096)
 def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-          seqlen_q: int, reads: str = "dense") -> tuple[loader.Launcher, int | None, dict, bool]:
+          seqlen_q: int, reads: str = "dense",
+          score_mod: str = "none") -> tuple[loader.Launcher, int | None, dict, bool]:
     """The launcher for a call of this shape whose k and v are `reads` (_READERS), the head dim
     to zero-pad to (None: no padding), its family's FwdParams fields and whether its kernels load
     the inputs by TMA (launch.aligned). Cached: the first call of a shape decides, later ones pay
     one lookup."""
-    choices = _candidates(device_index, dtype, head_dim, mask)
+    choices = _candidates(device_index, dtype, head_dim, mask, score_mod)
     if reads != "dense":
         choices = tuple(c for c in choices if _READERS[reads](c.spec.family_record))
         if not choices:
@@ -163,7 +166,7 @@ def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: 
 
 
 @functools.cache
-def _candidates(device_index: int, dtype: str, head_dim: int, mask: str):
+def _candidates(device_index: int, dtype: str, head_dim: int, mask: str, score_mod: str = "none"):
     props = torch.cuda.get_device_properties(device_index)
     return registry.candidates(arch_for_capability(props.major, props.minor), "fwd", dtype,
-                               head_dim, mask)
+                               head_dim, mask, score_mod)

@@ -28,14 +28,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache. block_table: (batch, max_pages) int32. num_splits: 0 chooses how many blocks share
     each sequence's keys (and lets calls of 256 or more new tokens attend on a forward that
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
-    N on the decode kernel. The causal mask is aligned bottom-right. Returns out
+    N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
+    bottom-right to each sequence's keys. Returns out
     (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out, softmax_lse), lse
     (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe: nothing on the device
     is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
-    validate.check_unsupported(cache_leftpad=(cache_leftpad, None),
-                               window_size=(tuple(window_size), (-1, -1)),
-                               softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    validate.check_unsupported(cache_leftpad=(cache_leftpad, None), softcap=(softcap, 0.0),
+                               alibi_slopes=(alibi_slopes, None))  # the decode kernels take none
     validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
     batch, seqlen_q, heads, head_dim = q.shape
     if k_cache.shape != v_cache.shape:
@@ -60,12 +60,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if num_splits > 65535:
         raise ValueError(f"flashgen: num_splits={num_splits} is more than 65535")
     scale = validate.check_scale(softmax_scale, head_dim)
+    # Bounds that hide nothing for any sequence of the cache's capacity count as unbounded.
+    _, band = validate.band(causal, window_size, seqlen_q, capacity, capacity - seqlen_q)
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page)
     out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, block_table, scale,
-                                          bool(causal), bool(rotary_interleaved), num_splits)
+                                          band.left, band.right, bool(rotary_interleaved),
+                                          num_splits)
     return (out, lse) if return_softmax_lse else out
 
 

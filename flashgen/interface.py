@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from codegen.masks import Band
 from flashgen import ops, validate
 
 
@@ -16,26 +17,32 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), with
     nheads a multiple of nheads_kv (GQA/MQA). fp16 or bf16 CUDA tensors (under
     torch.autocast("cuda"), others are cast to its dtype), any strides with the last dimension
-    contiguous. The causal mask is aligned to the bottom-right corner of the score matrix. Returns
+    contiguous. window_size=(left, right) limits query i to keys i + seqlen_k - seqlen_q - left
+    .. i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right to 0), and the key blocks
+    outside the window are never read. softcap > 0 replaces each scaled score s by
+    softcap * tanh(s / softcap). The causal mask is aligned to the bottom-right corner of the
+    score matrix. Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
     softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
     output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it
     does not require grad). The forward is deterministic; deterministic=True makes the backward
     bit-reproducible too.
     """
-    if dropout_p != 0.0 or softcap != 0.0 or alibi_slopes is not None or window_size != (-1, -1):
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0),
-                                   window_size=(tuple(window_size), (-1, -1)),
-                                   softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    if dropout_p != 0.0 or alibi_slopes is not None:
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0), alibi_slopes=(alibi_slopes, None))
     q, k, v = _autocast(q, k, v)
     if not validate.passes_tensor_checks(q, k, v, heads_axis=2):
         validate.check_tensors(("q", "k", "v"), q, k, v)
         validate.check_shapes(("q", "k", "v"), q, k, v, "(batch, seqlen, nheads, headdim)")
     _, seqlen_q, _, head_dim = q.shape
+    seqlen_k = k.shape[1]
     scale = validate.check_scale(softmax_scale, head_dim)
-    mask, mask_offset = ("causal", k.shape[1] - seqlen_q) if causal else ("none", 0)
-    out, lse = ops.attention(q, k, v, scale, mask, mask_offset, bool(deterministic),
-                             heads_first=False)  # causal aligned bottom-right
+    if window_size == (-1, -1):  # the common call: no window to check
+        mask, band = ("causal", Band(seqlen_k - seqlen_q)) if causal else ("none", Band())
+    else:
+        mask, band = validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
+    out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
+                             softcap=validate.check_softcap(softcap) if softcap else 0.0)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -50,15 +57,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 on q's device, each sequence's
     first row and then the total (sequences may be empty); max_seqlen_q, max_seqlen_k: ints at
     least the longest lengths (nothing past them is computed; FLASHGEN_DEBUG_CHECKS=1 checks the
-    device values). Each sequence's causal mask is aligned bottom-right. Returns out (total_q,
+    device values). Each sequence's causal mask and window_size are aligned bottom-right;
+    softcap as in flash_attn_func. Returns out (total_q,
     nheads, headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
     total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
     on the host.
     """
-    if dropout_p != 0.0 or softcap != 0.0 or alibi_slopes is not None or window_size != (-1, -1):
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0),
-                                   window_size=(tuple(window_size), (-1, -1)),
-                                   softcap=(softcap, 0.0), alibi_slopes=(alibi_slopes, None))
+    if dropout_p != 0.0 or alibi_slopes is not None:
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0), alibi_slopes=(alibi_slopes, None))
     if block_table is not None:
         raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
                                   "flash_attn_with_kvcache reads paged caches")
@@ -79,9 +85,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
                                  max_seqlen_q, max_seqlen_k)
     scale = validate.check_scale(softmax_scale, q.shape[-1])
-    out, lse = ops.attention(q4, k4, v4, scale, "causal" if causal else "none", 0,
-                             bool(deterministic), heads_first=False,
-                             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+    # Each sequence's band is aligned bottom-right in the kernels; the longest lengths decide
+    # which bounds hide nothing for any sequence.
+    mask, band = validate.band(causal, window_size, max_seqlen_q, max_seqlen_k,
+                               max_seqlen_k - max_seqlen_q)
+    out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
+                             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
+                             softcap=validate.check_softcap(softcap))
     out = out.squeeze(0)
     return (out, lse.squeeze(0), None) if return_attn_probs else out
 
@@ -142,7 +152,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # views (batch, seq, heads, dim); spelled out, 0.5 us faster than a generator
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     deterministic = torch.are_deterministic_algorithms_enabled()
-    out, _ = ops.attention(q, k, v, softmax_scale, "causal" if is_causal else "none", 0,
+    out, _ = ops.attention(q, k, v, softmax_scale, "causal" if is_causal else "none", Band(),
                            deterministic, heads_first=True)  # causal aligned top-left
     out = out.transpose(1, 2)
     return out.squeeze(0) if unbatched else out

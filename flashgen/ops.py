@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from codegen.masks import Band
 from flashgen import backward, decode, forward, launch
 from flashgen.validate import SUPPORTED_DTYPES
 
@@ -23,39 +24,42 @@ from flashgen.validate import SUPPORTED_DTYPES
 # for their inputs (its default for custom ops differs across torch versions).
 _TAGS = (torch.Tag.pt2_compliant_tag, torch.Tag.needs_fixed_stride_order)
 _LIBRARY = torch.library.Library("flashgen", "DEF")
-# mask: a mask kind (codegen/masks.py), mask_offset its per-call offset (params.h). cu_seqlens_q,
-# cu_seqlens_k and the longest lengths make a variable-length batch packed into (1, total rows,
-# heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the kernels refuse
-# until they exist.
+# mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
+# band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores (codegen/score_mods.py).
+# cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
+# total rows, heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the
+# kernels refuse until they exist.
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
-                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
-                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
-                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
-                tags=_TAGS)
-_LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "float scale, str mask, SymInt mask_offset, bool deterministic, "
+                "int window_left, int window_right, float softcap, bool deterministic, "
                 "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
-                "-> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
+                "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
+                "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)", tags=_TAGS)
+_LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
+                "float softcap, bool deterministic, bool heads_first, "
+                "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
+                "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
 
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
-# caches in place at cache_seqlens; num_splits 0 lets flashgen/decode.py choose. Not
-# differentiable.
+# caches in place at cache_seqlens; the queries see the band window_left .. window_right around
+# their position (bottom-right aligned per sequence, codegen/masks.py); num_splits 0 lets
+# flashgen/decode.py choose. Not differentiable.
 _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
                 "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
-                "Tensor? cache_batch_idx, Tensor? block_table, float scale, bool causal, "
-                "bool rotary_interleaved, int num_splits) -> (Tensor out, Tensor lse)",
-                tags=_TAGS)
+                "Tensor? cache_batch_idx, Tensor? block_table, float scale, int window_left, "
+                "int window_right, bool rotary_interleaved, int num_splits) "
+                "-> (Tensor out, Tensor lse)", tags=_TAGS)
 
 
-def attention(q, k, v, scale: float, mask: str, mask_offset: int, deterministic: bool,
-              heads_first: bool, varlen: tuple = ()):
+def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
+              heads_first: bool, varlen: tuple = (), softcap: float = 0.0):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
-    dtype. Differentiable in q, k and v (not through lse); deterministic only concerns the
-    backward, which it makes bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k,
-    max_seqlen_q, max_seqlen_k) for a variable-length batch packed into (1, total, heads, dim)
-    views."""
-    arguments = (q, k, v, scale, mask, mask_offset, deterministic, heads_first)
+    dtype; band: the mask's run-time arguments; softcap > 0 caps the scores. Differentiable in
+    q, k and v (not through lse); deterministic only concerns the backward, which it makes
+    bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a
+    variable-length batch packed into (1, total, heads, dim) views."""
+    arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, softcap,
+                 deterministic, heads_first)
     if varlen:
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
         arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
@@ -94,25 +98,29 @@ def _fwd_kvcache_fake(q, *_):
             q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
 
 
-def _fwd_cuda(q, k, v, scale, mask, mask_offset, deterministic, heads_first, *layout):
-    return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask, mask_offset,
-                           heads_first, *layout)
+def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
+              deterministic, heads_first, *layout):
+    return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
+                           Band(mask_offset, window_left, window_right), heads_first, *layout,
+                           softcap=softcap)
 
 
-def _fwd_fake(q, k, v, scale, mask, mask_offset, deterministic, heads_first, *layout):
+def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
+              deterministic, heads_first, *layout):
     return forward.empty_outputs(q, heads_first)
 
 
-def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, deterministic, heads_first,
-              *layout):
+def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
+              softcap, deterministic, heads_first, *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
     return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
-                             mask_offset, deterministic, heads_first, *layout)
+                             Band(mask_offset, window_left, window_right), deterministic,
+                             heads_first, *layout, softcap=softcap)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, deterministic, heads_first,
-              *layout):
+def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
+              softcap, deterministic, heads_first, *layout):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
     return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
 
@@ -121,9 +129,9 @@ def _save_for_backward(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.arguments = inputs[3:8]  # scale ... heads_first, in bwd's order
+    ctx.arguments = inputs[3:11]  # scale ... heads_first, in bwd's order
     # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
-    ctx.varlen = (*inputs[8:10], *inputs[12:14]) if len(inputs) > 8 else ()
+    ctx.varlen = (*inputs[11:13], *inputs[15:17]) if len(inputs) > 11 else ()
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
@@ -132,7 +140,7 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    no_gradient = (None,) * 14  # one per flashgen::fwd argument
+    no_gradient = (None,) * 17  # one per flashgen::fwd argument
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
     q, k, v, out, lse = ctx.saved_tensors

@@ -7,10 +7,14 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True):
+def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True,
+                  window_size=(-1, -1), softcap=0.0):
     """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
-    (batch, seqlen_k, heads_kv, dim). Query row i sees key j iff j <= i + causal_offset
-    (default seqlen_k - seqlen_q: bottom-right). upcast=True computes in fp32 (the reference);
+    (batch, seqlen_k, heads_kv, dim). Causal: query row i sees key j iff j <= i + causal_offset
+    (default seqlen_k - seqlen_q: bottom-right). window_size=(left, right), -1 unbounded:
+    FlashAttention-2's sliding window, i + offset - left <= j <= i + offset + right (causal sets
+    right to 0). softcap > 0: each scaled score s becomes softcap * tanh(s / softcap).
+    upcast=True computes in fp32 (the reference);
     upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
     would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
     -inf and output 0 for rows that see no key)."""
@@ -23,11 +27,18 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     k = k.repeat_interleave(heads // heads_kv, dim=2)
     v = v.repeat_interleave(heads // heads_kv, dim=2)
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k).float() * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    left, right = window_size
     if causal:
-        offset = seqlen_k - seqlen_q if causal_offset is None else causal_offset
-        row = torch.arange(seqlen_q, device=q.device).view(-1, 1)
-        col = torch.arange(seqlen_k, device=q.device).view(1, -1)
-        scores = scores.masked_fill(col > row + offset, -math.inf)
+        right = 0
+    offset = seqlen_k - seqlen_q if causal_offset is None else causal_offset
+    row = torch.arange(seqlen_q, device=q.device).view(-1, 1)
+    col = torch.arange(seqlen_k, device=q.device).view(1, -1)
+    if right >= 0:
+        scores = scores.masked_fill(col > row + offset + right, -math.inf)
+    if left >= 0:
+        scores = scores.masked_fill(col < row + offset - left, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores, dim=-1)
     sees_no_key = torch.isneginf(scores).all(dim=-1, keepdim=True)

@@ -107,3 +107,55 @@ def check_scale(softmax_scale, head_dim: int) -> float:
         raise ValueError(f"flashgen: softmax_scale must be a finite positive number, got "
                          f"{softmax_scale!r} (None means 1/sqrt(head_dim))")
     return scale
+
+
+def check_window(window_size) -> tuple[int, int]:
+    """FlashAttention-2's window_size=(left, right): ints >= -1, -1 unbounded."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"flashgen: window_size must be a pair (left, right), got "
+                         f"{window_size!r}") from None
+    for name, value in (("left", left), ("right", right)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < -1:
+            raise ValueError(f"flashgen: window_size's {name} must be an int >= -1 (-1: "
+                             f"unbounded), got window_size={window_size!r}")
+    return left, right
+
+
+def band(causal: bool, window_size, seqlen_q: int, seqlen_k: int, offset: int):
+    """The mask kind and its Band (codegen/masks.py) for FlashAttention-2's causal and
+    window_size: query i sees key j iff i + offset - left <= j <= i + offset + right, causal
+    setting right to 0. A bound that hides nothing for any sequence of at most seqlen_q queries
+    and seqlen_k keys counts as unbounded, so a window wider than the sequences runs the dense
+    (or causal) kernel. Raises ValueError for a window that is not a pair of ints >= -1."""
+    from codegen.masks import Band
+    from codegen.params import WINDOW_UNBOUNDED
+
+    left, right = check_window(window_size)
+    if causal:
+        right = 0
+    # Row i's band ends at i + offset + right: past the last key for every row when
+    # right >= seqlen_k - 1 - offset; it starts at or before key 0 for every row when
+    # left >= seqlen_q - 1 + offset.
+    if left == -1 or left >= max(0, seqlen_q - 1 + offset):
+        left = WINDOW_UNBOUNDED
+    if right == -1 or right >= max(0, seqlen_k - 1 - offset):
+        right = WINDOW_UNBOUNDED
+    if left == WINDOW_UNBOUNDED:
+        if right == WINDOW_UNBOUNDED:
+            return "none", Band(offset, left, right)
+        if right == 0:
+            return "causal", Band(offset, left, right)
+    return "window", Band(offset, left, right)
+
+
+def check_softcap(softcap) -> float:
+    """FlashAttention-2's softcap: a finite number >= 0, 0 for none."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise ValueError(f"flashgen: softcap must be a number >= 0 (0: no capping), got "
+                         f"{softcap!r}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"flashgen: softcap must be a finite number >= 0 (0: no capping), got "
+                         f"{softcap!r}")
+    return float(softcap)

@@ -25,6 +25,7 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 from codegen import build, params, paths  # noqa: E402
 from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
+from codegen.masks import Band  # noqa: E402
 from flashgen import backward, decode, forward, launch, loader  # noqa: E402
 from flashgen.families import mma  # noqa: E402
 from flashgen.families.mma import schedule  # noqa: E402
@@ -113,14 +114,14 @@ def tensor_fields(**tensors) -> dict:
     return filled
 
 
-def problem_fields(q, k, scale, mask_offset) -> dict:
-    """The size, scale and mask offset fields that both params structures have."""
+def problem_fields(q, k, scale, band) -> dict:
+    """The size, scale and mask fields that every params structure has."""
     batch, seqlen_q, heads, _ = q.shape
     _, seqlen_k, heads_kv, _ = k.shape
     return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, softmax_scale=scale,
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
-                mask_offset=mask_offset, cu_seqlens_q=None, cu_seqlens_k=None)
+                **band.fields(), softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None)
 
 
 def ctypes_fields(declaration: str) -> list[tuple[str, type]]:
@@ -146,8 +147,9 @@ def test_the_ctypes_structures_mirror_params_h(params_type):
     assert params_type._fields_ == declared(params.BASE) + declared(params_type.__name__)
 
 
-# Sizes, mask offset and grid orders all different, so that no field passes with another's value.
-BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, MASK_OFFSET, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 4, 7
+# Sizes, mask band and grid orders all different, so that no field passes with another's value.
+BATCH, HEADS, HEADS_KV, SEQLEN_Q, SEQLEN_K, RANKS_PER_ROUND = 3, 6, 2, 5, 9, 7
+BAND = Band(offset=4, left=13, right=8)
 BWD_GRID = schedule.BwdGrid(sorted_tail_blocks=11, split_blocks=3, splits=5)
 BLOCK_N = 128
 Q_SHAPE, KV_SHAPE = (BATCH, SEQLEN_Q, HEADS, 64), (BATCH, SEQLEN_K, HEADS_KV, 64)
@@ -163,7 +165,7 @@ def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
     lse = torch.empty(LSE_SHAPE)
     launcher = RecordingLauncher(FwdParams, family_record=FAMILIES[family], mask=mask)
     workspaces = record_empty(monkeypatch)
-    forward.run(launcher, q, k, v, o, lse, 0.125, MASK_OFFSET,
+    forward.run(launcher, q, k, v, o, lse, 0.125, BAND,
                 {"ranks_per_round": RANKS_PER_ROUND})
     ((params, stream),) = launcher.launches
     assert stream == 77
@@ -175,7 +177,7 @@ def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
         assert workspaces == []
         tile_counter = None  # ctypes reads a null pointer as None
     assert fields(params) == {**tensor_fields(q=q, k=k, v=v, o=o), "softmax_lse": lse.data_ptr(),
-                              **problem_fields(q, k, 0.125, MASK_OFFSET),
+                              **problem_fields(q, k, 0.125, BAND),
                               "ranks_per_round": RANKS_PER_ROUND, "tile_counter": tile_counter,
                               "q_view_batch": BATCH, "q_view_rows": SEQLEN_Q,
                               "kv_view_batch": BATCH, "kv_view_rows": SEQLEN_K,
@@ -191,7 +193,8 @@ def test_forward_launch_failure_raises_with_the_error_string(binding):
     (q,) = distinct_strides((1, 4, 1, 64))
     launcher = RecordingLauncher(FwdParams, error=2, family_record=FAMILIES["mma"], mask="none")
     with pytest.raises(RuntimeError, match=f"kernel launch failed: {os.strerror(2)}"):
-        forward.run(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, 0, {})
+        forward.run(launcher, q, q, q, torch.empty_like(q), torch.empty(1, 1, 4), 0.125, Band(),
+                    {})
 
 
 def record_empty(monkeypatch) -> list:
@@ -216,7 +219,7 @@ def run_backward(monkeypatch, launcher, deterministic):
     workspaces = record_empty(monkeypatch)
     backward.run(launcher, tensors["q"], tensors["k"], tensors["v"], tensors["o"],
                  tensors["do"], lse, tensors["dq"], tensors["dk"], tensors["dv"], 0.125,
-                 MASK_OFFSET, deterministic)
+                 BAND, deterministic)
     ((params, stream),) = launcher.launches
     assert stream == 77
     (scratch,) = workspaces
@@ -242,7 +245,7 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "dq_accum": None if deterministic else scratch.data_ptr(),
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
         "softmax_lse_log2": None, "dq_semaphore": None,  # the hopper family's
-        **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET),
+        **problem_fields(tensors["q"], tensors["k"], 0.125, BAND),
         **BWD_GRID._asdict()}
 
 
@@ -264,7 +267,7 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
         "softmax_lse_log2": scratch.data_ptr() + 4 * rows * 65,
         "dq_semaphore": scratch.data_ptr() + 4 * rows * 66 if deterministic else None,
         "dkv_accum": None, "sorted_tail_blocks": 0, "split_blocks": 0, "splits": 1,
-        **problem_fields(tensors["q"], tensors["k"], 0.125, MASK_OFFSET)}
+        **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])
@@ -285,7 +288,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
     made = record_empty(monkeypatch)
     out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, table,
-                             0.125, True, False, splits)
+                             0.125, 13, 0, False, splits)
     ((params, stream),) = launcher.launches
     assert stream == 77
     out_made, lse_made, o_accum, lse_accum, q_rot = made
@@ -294,7 +297,8 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     assert lse_accum.shape == (splits, BATCH, HEADS, SEQLEN_Q) and q_rot.shape == q.shape
     assert fields(params) == {
         **tensor_fields(q=q, k=k_cache, v=v_cache, o=out, k_new=k_new, v_new=v_new, q_rot=q_rot),
-        **problem_fields(q, k_cache, 0.125, 0), "seqlen_k": capacity,
+        **problem_fields(q, k_cache, 0.125, Band(capacity - SEQLEN_Q, 13, 0)),
+        "seqlen_k": capacity,
         "softmax_lse": lse.data_ptr(), "num_splits": splits, "o_accum": o_accum.data_ptr(),
         "lse_accum": lse_accum.data_ptr(), "cache_seqlens": seqlens.data_ptr(),
         # ctypes reads a null pointer as None

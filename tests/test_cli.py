@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -29,14 +30,18 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
                                                                      "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
-    assert manifest.count('"name": "fwd_mma_sm90_') == 24 + 12  # main tiles + 3 alt tiles
-    assert manifest.count('"name": "bwd_mma_sm90_') == 24
-    # head dims 64 and 128 x 2 dtypes x 2 masks x (main + prefill alt tile)
-    assert manifest.count('"name": "decode_mma_sm90_') == 16
-    # 5 head dims x 2 dtypes x 2 masks, and 2 causal short-sequence alt tiles x 2 dtypes
-    assert manifest.count('"name": "fwd_hopper_sm90_') == 24
-    # head dims 64 and 128 x 2 dtypes x 2 masks
-    assert manifest.count('"name": "bwd_hopper_sm90_') == 8
+    # 3 masks; forward and backward kernels x 2 score modifiers (none, softcap), decode takes
+    # none.
+    # 6 head dims + 3 alt tiles, x 2 dtypes
+    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 2
+    assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 2
+    # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes
+    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3
+    # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes
+    assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 2
+    # head dims 64 and 128 x 2 dtypes
+    assert manifest.count('"name": "bwd_hopper_sm90_') == 2 * 2 * 3 * 2
+    assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == 54 + 36 + 34 + 12
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -67,18 +72,24 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2" in out
-    assert "28 kernel(s)" in out
+    assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2" in out
+    # per dtype and mask 5 forward and backward kernels x 2 score modifiers, and 2 decode
+    assert "72 kernel(s)" in out
 
 
 def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_" not in out and "8 kernel(s)" in out
+    assert "fwd_" not in out and "24 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "10 kernel(s)" in out
+    assert "_causal_" not in out and "16 kernel(s)" in out
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
+                 "--score-mod", "softcap"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("_softcap_") == 12 and "12 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():

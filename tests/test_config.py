@@ -27,7 +27,8 @@ def test_default_config_declares_the_documented_head_dims():
     for arch in config.archs:
         assert config.head_dims("mma", "fwd", arch) == [32, 64, 96, 128, 192, 256]
     assert config.head_dims("hopper", "fwd", "sm_90") == [64, 96, 128, 192, 256]
-    assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none")
+    assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none", "window")
+    assert config.score_mods == ("none", "softcap")
 
 
 def test_default_config_has_a_backward_tile_per_head_dim():
@@ -72,7 +73,8 @@ def test_a_mask_table_changes_that_masks_main_tile_only(tmp_path):
                                                           FwdTile(64, 64, 4, 2))
     specs = enumerate_specs(config, alt_tiles=False)
     assert {(s.mask, s.tile) for s in specs} == {("none", FwdTile(128, 64, 4, 2)),
-                                                 ("causal", FwdTile(64, 64, 4, 2))}
+                                                 ("causal", FwdTile(64, 64, 4, 2)),
+                                                 ("window", FwdTile(128, 64, 4, 2))}
 
 
 def test_a_masks_alt_tiles_replace_the_head_dims_for_that_mask_only(tmp_path):
@@ -91,7 +93,7 @@ def test_a_masks_alt_tiles_replace_the_head_dims_for_that_mask_only(tmp_path):
         FwdTile(128, 64, 4, 2), FwdTile(64, 64, 4, 2))
     assert {(s.mask, s.tile) for s in enumerate_specs(config, kinds=["fwd"], dtypes=["bf16"])} == {
         ("none", FwdTile(128, 64, 4, 2)), ("causal", FwdTile(128, 64, 4, 2)),
-        ("causal", FwdTile(64, 64, 4, 2))}
+        ("causal", FwdTile(64, 64, 4, 2)), ("window", FwdTile(128, 64, 4, 2))}
 
 
 def test_a_mask_table_under_backward_changes_the_backward_tile(tmp_path):
@@ -118,7 +120,7 @@ def test_masks_select_the_mask_kinds(tmp_path):
     (f"[nofamily.sm_90.head_dim.64]\n{TILE}", "top level: unknown key"),
     (f"[arch.sm_90.head_dim.64]\n{TILE}", r"now name their kernel family first: write \[mma"),
     (f"causal = [false, true]\n[mma.sm_90.head_dim.64]\n{TILE}", 'write masks = '),
-    (f"masks = ['window']\n[mma.sm_90.head_dim.64]\n{TILE}", "masks"),
+    (f"masks = ['sliding']\n[mma.sm_90.head_dim.64]\n{TILE}", "masks"),
     ("[mma.sm_90.head_dim.64.backward]\nblock_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n",
      "missing key"),
     (f"extra = 1\n[mma.sm_90.head_dim.64]\n{TILE}", "top level"),
@@ -188,8 +190,8 @@ def test_masks_select_the_mask_kinds(tmp_path):
      "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"
      f"[[mma.sm_90.head_dim.64.backward.causal.alt_tiles]]\n{SMALL_TILE}",
      r"head_dim.64.backward.causal: unknown key\(s\) \['alt_tiles'\]"),
-    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.window]\nblock_n = 32\n",
-     r"head_dim.64: unknown key\(s\) \['window'\]"),
+    (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.sliding]\nblock_n = 32\n",
+     r"head_dim.64: unknown key\(s\) \['sliding'\]"),
     (f"[mma.sm_90.head_dim.64]\n{TILE}[mma.sm_90.head_dim.64.alt_tiles]\n{SMALL_TILE}",
      r"head_dim.64.alt_tiles: must be an array of tables: write each one as "
      r"\[\[mma.sm_90.head_dim.64.alt_tiles\]\]"),

@@ -112,7 +112,7 @@ def test_one_template_renders_every_mask_policy(dummy_mask, kind):
     rendered = {s.mask: render.render_spec(s) for s in specs}
     assert sorted(rendered) == ["causal", "dummy", "none"]
     for mask, text in rendered.items():
-        launch = f"launch_{kind}<Traits, {masks.MASKS[mask].cpp_type}>"
+        launch = f"launch_{kind}<Traits, {masks.MASKS[mask].cpp_type}, flashgen::IdentityScore>"
         assert launch in text
         others = {m.cpp_type for name, m in masks.MASKS.items() if name != mask}
         assert not any(f"<Traits, {other}>" in text for other in others)

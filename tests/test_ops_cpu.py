@@ -16,6 +16,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from flashgen import (backward, flash_attn_func, forward, launch, ops,  # noqa: E402
                       scaled_dot_product_attention)
 from flashgen.reference import attention_ref  # noqa: E402
+from codegen.masks import Band  # noqa: E402
+from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
@@ -47,14 +49,16 @@ def expected_strides(shape, heads_first):
 def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(FWD._schema) == (
         "flashgen::fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
-        "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
-        "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
-        "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
+        "int window_left, int window_right, float softcap, bool deterministic, "
+        "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+        "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
+        "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-        "float scale, str mask, SymInt mask_offset, bool deterministic, bool heads_first, "
-        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
-        "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)")
+        "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
+        "float softcap, bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
+        "Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)")
     for op in (FWD, BWD):
         assert torch.Tag.pt2_compliant_tag in op.tags
         assert torch.Tag.needs_fixed_stride_order in op.tags
@@ -70,7 +74,8 @@ def test_ops_are_registered_with_their_schemas_and_tags():
 def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
-        out, lse = FWD(q, k, v, 0.125, "causal", shape[2] - shape[1], False, heads_first)
+        out, lse = FWD(q, k, v, 0.125, "causal", shape[2] - shape[1], UNBOUNDED, 0, 0.0, False,
+                       heads_first)
     batch, seqlen_q, _, heads, _, _ = shape
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
     assert out.stride() == expected_strides(q.shape, heads_first)
@@ -83,9 +88,9 @@ def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
 def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
-        out, lse = FWD(q, k, v, 0.125, "none", 0, False, heads_first)
-        grads = BWD(torch.randn_like(out), q, k, v, out, lse, 0.125, "none", 0, True,
-                    heads_first)
+        out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, False, heads_first)
+        grads = BWD(torch.randn_like(out), q, k, v, out, lse, 0.125, "none", 0, UNBOUNDED, 0,
+                    0.0, True, heads_first)
     for grad, t in zip(grads, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype and grad.device == t.device
         assert grad.stride() == expected_strides(t.shape, heads_first)
@@ -93,7 +98,7 @@ def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
 
 def test_fake_implementations_serve_meta_tensors_with_autograd():
     q, k, v = make_qkv(SHAPES[0], device="meta", requires_grad=True)
-    out, lse = ops.attention(q, k, v, 0.125, "causal", 16, False, heads_first=False)
+    out, lse = ops.attention(q, k, v, 0.125, "causal", Band(16), False, heads_first=False)
     assert out.requires_grad and not lse.requires_grad
     out.backward(torch.empty_like(out))
     assert [t.grad.shape for t in (q, k, v)] == [t.shape for t in (q, k, v)]
@@ -123,7 +128,7 @@ def test_flash_attn_func_passes_bottom_right_causal_offset_and_deterministic(att
                                           deterministic=True, return_attn_probs=True)
     (call,) = attention_calls
     assert call["q"] is q and call["k"] is k and call["v"] is v
-    assert (call["scale"], call["mask"], call["mask_offset"]) == (0.5, "causal", 33 - 17)
+    assert (call["scale"], call["mask"], call["band"]) == (0.5, "causal", Band(33 - 17))
     assert call["deterministic"] is True and call["heads_first"] is False
     assert out.shape == q.shape and lse.shape == (2, 8, 17) and probs is None
 
@@ -149,7 +154,7 @@ def test_sdpa_passes_top_left_causal_heads_first_and_the_global_determinism(atte
         torch.use_deterministic_algorithms(previous)
     (call,) = attention_calls
     assert call["q"].shape == (2, 17, 8, 64) and call["q"].stride() == q.transpose(1, 2).stride()
-    assert (call["mask"], call["mask_offset"], call["heads_first"]) == ("causal", 0, True)
+    assert (call["mask"], call["band"], call["heads_first"]) == ("causal", Band(0), True)
     assert call["deterministic"] is deterministic
     assert out.shape == q.shape and out.is_contiguous()  # (batch, heads, seq, dim) in memory
 
@@ -222,8 +227,9 @@ def test_dynamo_traces_both_functions_into_one_graph():
         q, k, v = make_qkv(SHAPES[0], device="cuda")
         program = torch.export.export(TwoAttentions(), (q, k, v), strict=True)
     calls = flashgen_calls(program.graph)
-    assert [call[3:] for call in calls] == [(0.125, "causal", 16, False, False),
-                                           (0.125, "causal", 0, False, True)]
+    assert [call[3:] for call in calls] == [
+        (0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, False),
+        (0.125, "causal", 0, UNBOUNDED, 0, 0.0, False, True)]
 
 
 def test_dynamo_keeps_the_causal_offset_symbolic_for_dynamic_seqlens():
@@ -252,21 +258,23 @@ def reference_kernels(monkeypatch):
     backward.backward replaced by the fp32 reference; records what they are called with."""
     calls = {"forward": [], "backward": []}
 
-    def reference_forward(q, k, v, dtype, scale, mask, mask_offset, heads_first, *layout):
+    def reference_forward(q, k, v, dtype, scale, mask, band, heads_first, *layout, softcap):
         assert all(t is None for t in layout)  # no variable-length or paged arguments
+        assert softcap == 0.0
         calls["forward"].append(dict(q=q, k=k, v=v, dtype=dtype, scale=scale, mask=mask,
-                                     mask_offset=mask_offset, heads_first=heads_first))
-        out_ref, lse_ref = attention_ref(q, k, v, mask == "causal", mask_offset, scale)
+                                     band=band, heads_first=heads_first))
+        assert band.left == UNBOUNDED and band.right == 0  # causal: the reference's mask
+        out_ref, lse_ref = attention_ref(q, k, v, mask == "causal", band.offset, scale)
         out, lse = forward.empty_outputs(q, heads_first)
         return out.copy_(out_ref), lse.copy_(lse_ref)
 
-    def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, mask_offset,
-                           deterministic, heads_first, *layout):
-        assert all(t is None for t in layout)
+    def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, band, deterministic,
+                           heads_first, *layout, softcap):
+        assert all(t is None for t in layout) and softcap == 0.0
         calls["backward"].append(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dtype=dtype,
-                                      scale=scale, mask=mask, mask_offset=mask_offset,
+                                      scale=scale, mask=mask, band=band,
                                       deterministic=deterministic, heads_first=heads_first))
-        dq, dk, dv = reference_grads(q, k, v, dout, mask == "causal", mask_offset, scale)
+        dq, dk, dv = reference_grads(q, k, v, dout, mask == "causal", band.offset, scale)
         return tuple(launch.empty_output(t, heads_first).copy_(grad)
                      for t, grad in zip((q, k, v), (dq, dk, dv)))
 
@@ -314,7 +322,7 @@ def test_backward_gets_the_forwards_tensors_and_arguments(reference_kernels, sha
     q, k, v = make_qkv(shape, requires_grad=True)
     offset = shape[2] - shape[1]
     mask = "causal" if causal else "none"
-    out, lse = ops.attention(q, k, v, 0.3, mask, offset, True, heads_first)
+    out, lse = ops.attention(q, k, v, 0.3, mask, Band(offset), True, heads_first)
     dout = torch.randn_like(out)
     out.backward(dout)
 
@@ -325,7 +333,7 @@ def test_backward_gets_the_forwards_tensors_and_arguments(reference_kernels, sha
     assert torch.equal(call["dout"], dout)
     assert call["out"].data_ptr() == out.data_ptr() and call["lse"].data_ptr() == lse.data_ptr()
     assert call["dtype"] == "bf16"
-    assert (call["scale"], call["mask"], call["mask_offset"]) == (0.3, mask, offset)
+    assert (call["scale"], call["mask"], call["band"]) == (0.3, mask, Band(offset))
     assert call["deterministic"] is True and call["heads_first"] is heads_first
     expected = autograd_grads(q, k, v, dout, causal, offset, 0.3)
     for t, grad in zip((q, k, v), expected):
@@ -334,7 +342,7 @@ def test_backward_gets_the_forwards_tensors_and_arguments(reference_kernels, sha
 
 def test_expanded_dout_reaches_the_kernel_with_a_contiguous_head_dim(reference_kernels):
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    out, _ = ops.attention(q, k, v, 0.125, "none", 0, False, False)
+    out, _ = ops.attention(q, k, v, 0.125, "none", Band(), False, False)
     out.sum().backward()  # autograd's dout is a ones tensor expanded from a scalar: stride 0
     dout = reference_kernels["backward"][0]["dout"]
     assert dout.stride(-1) == 1 and torch.equal(dout, torch.ones_like(out))
@@ -343,14 +351,14 @@ def test_expanded_dout_reaches_the_kernel_with_a_contiguous_head_dim(reference_k
 def test_only_inputs_that_require_grad_get_one(reference_kernels):
     q, k, v = make_qkv(SHAPES[0])
     q.requires_grad_()
-    out, _ = ops.attention(q, k, v, 0.125, "none", 0, False, False)
+    out, _ = ops.attention(q, k, v, 0.125, "none", Band(), False, False)
     out.backward(torch.randn_like(out))
     assert q.grad is not None and k.grad is None and v.grad is None
 
 
 def test_lse_is_not_differentiable(reference_kernels):
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    out, lse = ops.attention(q, k, v, 0.125, "none", 0, False, False)
+    out, lse = ops.attention(q, k, v, 0.125, "none", Band(), False, False)
     assert out.requires_grad and not lse.requires_grad
     with pytest.raises(RuntimeError, match="does not require grad"):
         lse.sum().backward()
@@ -359,13 +367,13 @@ def test_lse_is_not_differentiable(reference_kernels):
 def test_no_grad_records_no_graph(reference_kernels):
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
     with torch.no_grad():
-        out, _ = ops.attention(q, k, v, 0.125, "none", 0, False, False)
+        out, _ = ops.attention(q, k, v, 0.125, "none", Band(), False, False)
     assert out.grad_fn is None and not out.requires_grad
 
 
 def test_double_backward_raises(reference_kernels):
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    out, _ = ops.attention(q, k, v, 0.125, "none", 0, False, False)
+    out, _ = ops.attention(q, k, v, 0.125, "none", Band(), False, False)
     dq, = torch.autograd.grad(out, q, torch.randn_like(out), create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward"):
         dq.sum().backward()
@@ -376,17 +384,18 @@ def test_opcheck(reference_kernels, heads_first):
     """Schema, autograd registration, fake against real strides, and AOT autograd with dynamic
     shapes (what torch.compile does), for both ops."""
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    torch.library.opcheck(FWD, (q, k, v, 0.125, "causal", 16, False, heads_first))
-    out, lse = FWD(q, k, v, 0.125, "causal", 16, False, heads_first)
+    torch.library.opcheck(FWD, (q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, False,
+                                heads_first))
+    out, lse = FWD(q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, heads_first)
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                0.125, "causal", 16, False, heads_first)
+                0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, heads_first)
     torch.library.opcheck(BWD, bwd_args, test_utils=("test_schema", "test_faketensor",
                                                      "test_aot_dispatch_dynamic"))
 
 
 def test_compile_fullgraph_matches_eager_forward_and_backward(reference_kernels):
     def attention_loss(q, k, v, dout):
-        out, _ = ops.attention(q, k, v, 0.125, "causal", 16, False, True)
+        out, _ = ops.attention(q, k, v, 0.125, "causal", Band(16), False, True)
         return (out * dout).sum()
 
     compiled = torch.compile(attention_loss, fullgraph=True, backend="aot_eager")
@@ -435,6 +444,6 @@ def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
         table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
         seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
         out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, table,
-                           0.125, True, True, 0)
+                           0.125, UNBOUNDED, 0, True, 0)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32

@@ -19,17 +19,21 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # mma: (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles + 2 archs x 2 decode head
-    # dims + 2 sm_90 decode alt tiles) x 2 dtypes x 2 masks; hopper: (5 head dims x 2 masks + 2
-    # causal alt tiles + 2 backward head dims x 2 masks) x 2 dtypes, on sm_90
-    assert len(specs) == (2 * 2 * 6 + 5 + 2 * 2 + 2) * 2 * 2 + (5 * 2 + 2 + 2 * 2) * 2
+    # Forward and backward kernels x 3 masks x 2 score modifiers (none, softcap): mma (2 kinds x
+    # 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head dims + 2
+    # backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma decode
+    # kernels, which take no score modifier: (2 archs x 2 head dims + 2 sm_90 alt tiles) x 2
+    # dtypes x 3 masks.
+    assert len(specs) == (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 2
+                          + (2 * 2 + 2) * 2 * 3)
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == 60 + 16 + 24 + 8
+    assert len([s for s in specs if s.arch == "sm_90"]) == ((2 * 6 + 3) * 2 * 3 + 46) * 2 + 24
+    assert not any(s.kind == "decode" and s.score_mod != "none" for s in specs)
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
-              and s.mask == "causal"]
+              and s.mask == "causal" and s.score_mod == "none"]
     assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
@@ -37,20 +41,23 @@ def test_name_encodes_every_compile_time_parameter(specs):
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
+    # a score modifier follows the mask
+    assert "fwd_hopper_sm90_bf16_hd128_causal_softcap_m128n128s2p1o1" in {s.name for s in specs}
 
 
 def test_filters():
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
-                             masks=["none"], kinds=["fwd"], family_names=["mma"])
+                             masks=["none"], kinds=["fwd"], family_names=["mma"],
+                             score_mods=["none"])
     assert sorted(s.name for s in chosen) == ["fwd_mma_sm90_fp16_hd64_none_m128n64w4s2",
                                               "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
 
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    assert len(specs) == (2 * 2 * 6 + 2 * 2) * 2 * 2 + (5 + 2) * 2 * 2
-    assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask)
+    assert len(specs) == (2 * 2 * 6 * 2 + 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 2
+    assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
@@ -64,7 +71,9 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     assert f'extern "C" int {spec.name}(' in text
     values = ", ".join(str(getattr(spec.tile, key)) for key in spec.tile.keys())
     assert f"flashgen::{traits}<{spec.head_dim}, {values}, " in text
-    assert f"launch_{kind}<Traits, flashgen::CausalMask>" in text  # the first spec is causal
+    # the first spec is causal, without a score modifier (the decode kind takes none)
+    score_mod = "" if kind == "decode" else ", flashgen::IdentityScore"
+    assert f"launch_{kind}<Traits, flashgen::CausalMask{score_mod}>" in text
 
 
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
@@ -139,7 +148,8 @@ def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
     spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128)
     text = render.render_spec(spec)
     assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
-    assert "flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask>" in text
+    assert ("flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask, flashgen::IdentityScore>"
+            in text)
 
 
 def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs):
@@ -157,9 +167,11 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
 
 def test_hopper_backward_renders_its_traits_and_launch():
     config = load_config(paths.DEFAULT_CONFIG)
-    spec = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"], head_dims=[128],
-                           dtypes=["bf16"], masks=["none"])[0]
-    text = render.render_spec(spec)
+    plain, capped = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
+                                    head_dims=[128], dtypes=["bf16"], masks=["none"])
+    text = render.render_spec(plain)
     assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
-    assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask>" in text
+    assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::IdentityScore>" in text
+    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Softcap>"
+            in render.render_spec(capped))
     assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in text

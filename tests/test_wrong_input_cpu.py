@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flashgen import flash_attn_func, scaled_dot_product_attention  # noqa: E402
+from codegen.params import WINDOW_UNBOUNDED  # noqa: E402
+from flashgen import flash_attn_func, scaled_dot_product_attention, validate  # noqa: E402
 
 
 def cpu_qkv():
@@ -25,12 +26,47 @@ def test_sdpa_cpu_tensors():
 
 
 @pytest.mark.parametrize("kwargs, name", [({"dropout_p": 0.1}, "dropout_p"),
-                                          ({"window_size": (4, 4)}, "window_size"),
-                                          ({"softcap": 1.0}, "softcap"),
                                           ({"alibi_slopes": [1.0]}, "alibi_slopes")])
 def test_unsupported_arguments_name_themselves(kwargs, name):
     with pytest.raises(NotImplementedError, match=name):
         flash_attn_func(*cpu_qkv(), **kwargs)
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan"), "30", True])
+def test_bad_softcaps_name_the_argument(softcap):
+    with pytest.raises(ValueError, match="softcap"):
+        validate.check_softcap(softcap)
+
+
+@pytest.mark.parametrize("window", [(-2, 0), (0, -5), (1.5, 2), (3,), "wide", None])
+def test_bad_windows_name_the_argument(window):
+    with pytest.raises(ValueError, match="window_size"):
+        validate.band(False, window, 16, 16, 0)
+
+
+# (causal, window_size, seqlen_q, seqlen_k) -> (mask kind, left, right); U: unbounded.
+# FlashAttention-2's semantics: causal sets right to 0; a bound that hides nothing counts as
+# unbounded, so such calls run the causal or the dense kernel.
+U = WINDOW_UNBOUNDED
+
+
+@pytest.mark.parametrize("causal, window, sq, sk, expected", [
+    (False, (-1, -1), 100, 100, ("none", U, U)),
+    (True, (-1, -1), 100, 100, ("causal", U, 0)),
+    (True, (-1, 7), 100, 100, ("causal", U, 0)),
+    (True, (16, -1), 100, 100, ("window", 16, 0)),
+    (False, (16, 4), 100, 120, ("window", 16, 4)),
+    (False, (-1, 4), 100, 120, ("window", U, 4)),
+    (False, (99, 99), 100, 100, ("none", U, U)),      # wider than the sequences
+    (False, (119, 98), 100, 120, ("window", U, 98)),  # keys 0..119: the left bound hides none
+    (True, (119, 0), 100, 120, ("causal", U, 0)),
+    (True, (5000, -1), 1, 300, ("none", U, U)),      # one query sees every key
+    (False, (-1, 0), 300, 1, ("causal", U, 0)),      # one key, that rows 0..298 come before
+    (False, (-1, 0), 1, 300, ("none", U, U)),        # one query, after every key
+])
+def test_windows_become_a_mask_kind_and_band(causal, window, sq, sk, expected):
+    mask, band = validate.band(causal, window, sq, sk, sk - sq)
+    assert (mask, band.left, band.right) == expected and band.offset == sk - sq
 
 
 def test_non_tensor():

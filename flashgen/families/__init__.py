@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 import importlib
 
+from codegen.masks import Band
+
 
 class DefaultRuntime:
     """The main tile for every call; no fields beyond the shared ones."""
@@ -16,8 +18,8 @@ class DefaultRuntime:
         return candidates[0], {}
 
     @staticmethod
-    def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
-                      deterministic: bool, varlen: tuple = ()):
+    def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
+                      deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
         """(BwdArgs, the scratch tensor they point into, to keep alive through the launch)."""
         raise NotImplementedError(f"flashgen: family {spec.family} has no backward runtime")
 

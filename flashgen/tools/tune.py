@@ -22,6 +22,7 @@ from codegen import build
 from codegen.arch import ARCHS
 from codegen.families import FAMILIES
 from codegen.family import Tile
+from codegen.masks import Band
 from codegen.spec import KernelSpec
 
 # Per family and kind: the values tried for each tile key (the config's names).
@@ -95,9 +96,9 @@ def _verify_forward(spec: KernelSpec, q, k, v) -> None:
 
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda")
-    offset = k.shape[1] - q.shape[1]  # bottom-right, as attention_ref's causal default
+    band = Band(k.shape[1] - q.shape[1])  # bottom-right, as attention_ref's causal default
     fields = _forward_fields(spec, q.shape[0] * q.shape[2], q.shape[1], q.get_device())
-    forward.run(loader.launcher(spec), q, k, v, out, lse, spec.head_dim ** -0.5, offset, fields)
+    forward.run(loader.launcher(spec), q, k, v, out, lse, spec.head_dim ** -0.5, band, fields)
     assert_close_fa2(out, attention_ref(q, k, v, _causal(spec))[0],
                      attention_ref(q, k, v, _causal(spec), upcast=False)[0])
 
@@ -113,9 +114,8 @@ def _verify_backward(spec: KernelSpec, q, k, v) -> None:
     with torch.no_grad():
         out, lse, _ = flash_attn_func(q, k, v, causal=_causal(spec), return_attn_probs=True)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    offset = k.shape[1] - q.shape[1]
     backward.run(loader.launcher(spec), q, k, v, out, dout, lse, *grads, spec.head_dim ** -0.5,
-                 offset, False)
+                 Band(k.shape[1] - q.shape[1]), False)
     expected, same_dtype = (_reference_grads(q, k, v, dout, _causal(spec), upcast)
                             for upcast in (True, False))
     for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, expected, same_dtype):
@@ -188,7 +188,7 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
         fields = _forward_fields(spec, batch * heads, seqlen, out.get_device())
 
         def candidate(q, k, v):
-            forward.run(launcher, q, k, v, out, lse, scale, 0, fields)
+            forward.run(launcher, q, k, v, out, lse, scale, Band(), fields)
     else:
         grads = [torch.empty_like(t) for t in inputs[0]]
         with torch.no_grad():
@@ -197,7 +197,7 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
                     for q, k, v in inputs]
 
         def candidate(q, k, v, out, lse, dout):
-            backward.run(launcher, q, k, v, out, dout, lse, *grads, scale, 0, False)
+            backward.run(launcher, q, k, v, out, dout, lse, *grads, scale, Band(), False)
 
     flops = grid.mode_flops(spec.kind, batch, heads, seqlen, seqlen, spec.head_dim, causal)
     ours = flops / timing.time_ms(candidate, sets) / 1e9

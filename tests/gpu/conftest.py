@@ -46,3 +46,21 @@ def mma_forward(monkeypatch):
     forward.clear_plans()
     yield
     forward.clear_plans()
+
+
+@pytest.fixture(params=["hopper", "mma"])
+def each_family(request, monkeypatch):
+    """Forward and backward run on each kernel family in turn (the hopper family on sm_90 only;
+    a call it cannot run falls back to the other)."""
+    import torch
+
+    from flashgen import backward, forward
+
+    if request.param == "hopper" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the hopper family runs on sm_90")
+    monkeypatch.setenv("FLASHGEN_FAMILY", request.param)
+    forward.clear_plans()
+    backward.clear_plans()
+    yield request.param
+    forward.clear_plans()
+    backward.clear_plans()

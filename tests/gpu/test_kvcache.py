@@ -354,7 +354,8 @@ def _inputs(dtype=torch.float16):
                         rotary_sin=torch.ones(64, 16, device="cuda"),
                         k=a["q"][:, :, :2], v=a["q"][:, :, :2]), "q's dtype"),
     (lambda a: a.update(num_splits=-1), "num_splits must be an int >= 0"),
-    (lambda a: a.update(window_size=(8, 0)), "window_size"),
+    (lambda a: a.update(window_size=(-3, 0)), "window_size"),
+    (lambda a: a.update(softcap=30.0), "softcap"),
     (lambda a: a.update(cache_leftpad=a["cache_seqlens"]), "cache_leftpad"),
 ])
 def test_bad_input_names_the_argument(change, message):

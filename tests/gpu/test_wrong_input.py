@@ -45,8 +45,9 @@ CASES = {
     "scale_zero": (qkv, {"softmax_scale": 0.0}, ValueError, "softmax_scale"),
     "scale_negative": (qkv, {"softmax_scale": -0.1}, ValueError, "softmax_scale"),
     "dropout": (qkv, {"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
-    "window": (qkv, {"window_size": (8, 0)}, NotImplementedError, "window_size"),
-    "softcap": (qkv, {"softcap": 30.0}, NotImplementedError, "softcap"),
+    "window_negative": (qkv, {"window_size": (-2, 0)}, ValueError, "window_size"),
+    "window_not_a_pair": (qkv, {"window_size": 8}, ValueError, "window_size"),
+    "softcap_negative": (qkv, {"softcap": -30.0}, ValueError, "softcap"),
     "alibi": (qkv, {"alibi_slopes": torch.ones(4)}, NotImplementedError, "alibi_slopes"),
     "not_a_tensor": (lambda: replace(qkv(), 0, [[1.0]]), {}, TypeError, "torch.Tensor"),
 }

@@ -14,14 +14,13 @@ block against a long cache (chunked prefill) counts as short.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from codegen import params
+from codegen.masks import Band
+from codegen.score_mods import score_fields
 
 SHORT_SEQLEN = 1024
-_LOG2_E = math.log2(math.e)
 
 
 def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int):
@@ -32,8 +31,8 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
     return (alts[0] if alts and seqlen_q <= SHORT_SEQLEN else main), {}
 
 
-def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
-                  deterministic: bool, varlen: tuple = ()):
+def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
+                  deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
     fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
@@ -52,5 +51,5 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
         dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
-        softmax_scale=scale, scale_log2=scale * _LOG2_E, mask_offset=mask_offset)
+        **score_fields(scale, softcap), **band.fields())
     return args, scratch

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 
 import torch
 
 from codegen import params
 from codegen.families.mma import resources
+from codegen.masks import Band
+from codegen.score_mods import score_fields
 from flashgen.families.mma import schedule, tile_choice
 
-_LOG2_E = math.log2(math.e)
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
 # pinned_forward_tile): read when a shape is first planned, never per call.
 _pinned_tile: int | None = None
@@ -49,8 +49,8 @@ def pinned_forward_tile(index: int):
         _pinned_tile = previous
 
 
-def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_offset: int,
-                  deterministic: bool, varlen: tuple = ()):
+def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
+                  deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
@@ -88,7 +88,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, mask_
         softmax_d=address + 4 * (dq_floats + split_floats),
         dq_accum=0 if deterministic else address, dkv_accum=address + 4 * dq_floats,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        softmax_scale=scale, scale_log2=scale * _LOG2_E, mask_offset=mask_offset,
+        **score_fields(scale, softcap), **band.fields(),
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
         splits=grid.splits, **sequences)
     return args, scratch

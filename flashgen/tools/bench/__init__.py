@@ -13,7 +13,8 @@ once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
 grid.py: what is measured and its FLOPs; timing.py: timing cells and a run's document;
 report.py: the document's schema, Markdown and plots; peak_memory.py: peak memory (--memory);
 overhead.py: host time per call (--overhead); serving.py: attention over a KV cache (--mode
-decode, --mode prefill).
+decode, --mode prefill); variants.py: windows and softcap against FlexAttention (--mode
+variants).
 """
 
 from flashgen.tools.bench.grid import (DEFAULT_GRID, DEFAULT_MODES, IMPLEMENTATIONS,
@@ -23,7 +24,9 @@ from flashgen.tools.bench.peak_memory import MEMORY_IMPLS, MEMORY_MODES, MEMORY_
 from flashgen.tools.bench.report import plot, upgraded, write
 from flashgen.tools.bench.serving import SERVING_MODES
 from flashgen.tools.bench.timing import run
+from flashgen.tools.bench.variants import VARIANTS_MODE
 
 __all__ = ["DEFAULT_GRID", "DEFAULT_MODES", "IMPLEMENTATIONS", "KNOWN_IMPLEMENTATIONS",
-           "MEMORY_IMPLS", "MEMORY_MODES", "MEMORY_SEQLENS", "MODES", "SERVING_MODES", "memory",
+           "MEMORY_IMPLS", "MEMORY_MODES", "MEMORY_SEQLENS", "MODES", "SERVING_MODES",
+           "VARIANTS_MODE", "memory",
            "overhead_us", "plot", "run", "upgraded", "write"]

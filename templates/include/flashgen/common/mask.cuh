@@ -3,11 +3,13 @@
 // a query block visits, which query blocks a key block sees, whether a tile needs masking at all
 // (only tiles that straddle an edge are masked; kernels skip the rest) and the masking itself.
 // Forward and backward kernels of every family take one as a template parameter; codegen/masks.py
-// names them. A further mask (a local window, block-sparse) is a further policy with these members.
+// names them. A further mask (block-sparse) is a further policy with these members.
 #pragma once
 
 #include <cmath>
 #include <cute/tensor.hpp>
+
+#include "flashgen/common/params.h"
 
 namespace flashgen {
 
@@ -17,8 +19,14 @@ struct NoMask {
   static constexpr bool kHidesKeys = false;
   int seqlen_k;
 
-  __device__ __forceinline__ NoMask(int seqlen_k, int /*offset*/) : seqlen_k(seqlen_k) {}
+  __device__ __forceinline__ NoMask(AttentionParams const& /*p*/, int seqlen_k, int /*offset*/)
+      : seqlen_k(seqlen_k) {}
 
+  // The first key block that a query block whose first row is first_row visits.
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_begin(int /*first_row*/) const {
+    return 0;
+  }
   // One past the last key block that a query block whose last row is last_row visits.
   template <int kBlockN>
   __device__ __forceinline__ int key_block_end(int /*last_row*/) const {
@@ -28,6 +36,11 @@ struct NoMask {
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ int query_block_begin(int /*n_block*/) const {
     return 0;
+  }
+  // One past the last query block (of m_blocks) that sees a key of key block n_block.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int query_block_end(int /*n_block*/, int m_blocks) const {
+    return m_blocks;
   }
   // Whether row sees any key from col on (a warp whose rows see none skips the tile).
   __device__ __forceinline__ bool sees_from(int /*row*/, int /*col*/) const { return true; }
@@ -45,9 +58,13 @@ struct CausalMask {
   int seqlen_k;
   int offset;
 
-  __device__ __forceinline__ CausalMask(int seqlen_k, int offset)
+  __device__ __forceinline__ CausalMask(AttentionParams const& /*p*/, int seqlen_k, int offset)
       : seqlen_k(seqlen_k), offset(offset) {}
 
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_begin(int /*first_row*/) const {
+    return 0;
+  }
   template <int kBlockN>
   __device__ __forceinline__ int key_block_end(int last_row) const {
     const int last_visible_col = last_row + offset;
@@ -58,6 +75,10 @@ struct CausalMask {
   __device__ __forceinline__ int query_block_begin(int n_block) const {
     return max(0, n_block * kBlockN - offset) / kBlockM;
   }
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int query_block_end(int /*n_block*/, int m_blocks) const {
+    return m_blocks;
+  }
   __device__ __forceinline__ bool sees_from(int row, int col) const { return col <= row + offset; }
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block) const {
@@ -66,6 +87,56 @@ struct CausalMask {
   }
   __device__ __forceinline__ bool visible(int row, int col) const {
     return col < seqlen_k && col <= row + offset;
+  }
+};
+
+// The window kind's policy: query row i sees key j iff i + offset - left <= j <= i + offset + right
+// (left and right: params.h's window_left and window_right, at run time; either may be
+// unbounded). The key blocks wholly outside the band are never visited, so time grows with the
+// window, not the sequence. A policy of its own rather than CausalMask's with an unbounded left:
+// its second bound costs causal kernels 2-7% (H100). Bounds are at most 2^30 (params.h), so no
+// sum overflows.
+struct WindowMask {
+  static constexpr bool kHidesKeys = true;
+  int seqlen_k;
+  int offset;
+  int left;
+  int right;
+
+  __device__ __forceinline__ WindowMask(AttentionParams const& p, int seqlen_k, int offset)
+      : seqlen_k(seqlen_k), offset(offset), left(p.window_left), right(p.window_right) {}
+
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_begin(int first_row) const {
+    return max(0, first_row + offset - left) / kBlockN;
+  }
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_end(int last_row) const {
+    const int last_visible_col = last_row + offset + right;
+    const int blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+    return last_visible_col < 0 ? 0 : min(blocks, last_visible_col / kBlockN + 1);
+  }
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int query_block_begin(int n_block) const {
+    return max(0, n_block * kBlockN - offset - right) / kBlockM;
+  }
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int query_block_end(int n_block, int m_blocks) const {
+    const int last_row = (n_block + 1) * kBlockN - 1 - offset + left;
+    return last_row < 0 ? 0 : min(m_blocks, last_row / kBlockM + 1);
+  }
+  __device__ __forceinline__ bool sees_from(int row, int col) const {
+    return col <= row + offset + right;
+  }
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block) const {
+    const int first_col = n_block * kBlockN;
+    const int last_col = first_col + kBlockN - 1;
+    return last_col >= seqlen_k || last_col > m_block * kBlockM + offset + right ||
+           first_col < (m_block + 1) * kBlockM - 1 + offset - left;
+  }
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    return col < seqlen_k && col <= row + offset + right && col >= row + offset - left;
   }
 };
 

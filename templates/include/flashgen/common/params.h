@@ -37,6 +37,14 @@ struct AttentionParams {
   // Causal mask: query row i sees key j iff j <= i + mask_offset. seqlen_k - seqlen_q aligns it to
   // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
   int mask_offset;
+  // The window mask kind's band: query row i sees key j iff i + mask_offset - window_left <= j <= i
+  // + mask_offset + window_right, each bound at most 1073741824 (unbounded). Causal: window_right
+  // 0, window_left unbounded
+  int window_left;
+  int window_right;
+  // The softcap score modifier's cap c: scores become c * tanh(s * softmax_scale / c), and
+  // scale_log2 is c * log2(e) (codegen/score_mods.py)
+  float softcap;
   // (batch + 1,): a variable-length batch's sequence starts in packed (1, total rows, heads,
   // head_dim) tensors, then the total; seqlen_q and seqlen_k are then the longest lengths, each
   // sequence's causal mask aligns bottom-right and per-row statistics are (heads, total rows).
@@ -201,7 +209,8 @@ struct DecodeParams : AttentionParams {
 #define FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(q) X(q_batch_stride) X(q_row_stride) \
   X(q_head_stride) X(k) X(k_batch_stride) X(k_row_stride) X(k_head_stride) X(v) X(v_batch_stride) \
   X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
-  X(softmax_scale) X(scale_log2) X(mask_offset) X(cu_seqlens_q) X(cu_seqlens_k)
+  X(softmax_scale) X(scale_log2) X(mask_offset) X(window_left) X(window_right) X(softcap) \
+  X(cu_seqlens_q) X(cu_seqlens_k)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
   X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \

@@ -1,23 +1,49 @@
 // Score modifiers: a function of each score s = q.k (before the softmax scale) and its position,
 // applied before masking, and its derivative for the backward's dS. Kernels of every family take
-// one as a template parameter; softcap, ALiBi and config-defined modifiers are further types with
-// these members. The identity costs nothing: its loops compile away.
+// one as a template parameter (codegen/score_mods.py names them); ALiBi and config-defined
+// modifiers are further types with these members. The identity costs nothing: its loops compile
+// away.
 #pragma once
 
 #include <cute/tensor.hpp>
+
+#include "flashgen/common/params.h"
 
 namespace flashgen {
 
 struct IdentityScore {
   static constexpr bool kIdentity = true;
+  __device__ __forceinline__ explicit IdentityScore(AttentionParams const& /*p*/) {}
   // The modified score of key col for query row (positions within the sequence).
   __device__ __forceinline__ float apply(float score, int /*row*/, int /*col*/) const {
     return score;
   }
-  // dL/ds from dL/d(modified score) and the modified score itself.
-  __device__ __forceinline__ float grad(float dmodified, float /*modified*/, int /*row*/,
-                                        int /*col*/) const {
-    return dmodified;
+  // d(modified score)/ds from the modified score itself: the backward's dS is dP's softmax
+  // gradient times this.
+  __device__ __forceinline__ float derivative(float /*modified*/, int /*row*/,
+                                              int /*col*/) const {
+    return 1.f;
+  }
+};
+
+// Gemma-2's and Grok's soft capping, softcap * tanh(s * softmax_scale / softcap), with the softcap
+// factor moved into the softmax: the modified score is the tanh alone and the caller's scale_log2
+// is softcap * log2(e) (codegen/score_mods.py), so the softmax sees softcap * tanh(...) for one
+// multiply per score. The tanh's derivative is 1 - t^2 (in units of s * softmax_scale, the
+// backward's dS); a masked score (-inf) has P = 0, and the clamp keeps its derivative finite.
+struct Softcap {
+  static constexpr bool kIdentity = false;
+  float prescale;  // softmax_scale / softcap
+
+  __device__ __forceinline__ explicit Softcap(AttentionParams const& p)
+      : prescale(p.softmax_scale / p.softcap) {}
+  __device__ __forceinline__ float apply(float score, int /*row*/, int /*col*/) const {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(score * prescale));
+    return t;
+  }
+  __device__ __forceinline__ float derivative(float modified, int /*row*/, int /*col*/) const {
+    return 1.f - fminf(modified * modified, 1.f);
   }
 };
 

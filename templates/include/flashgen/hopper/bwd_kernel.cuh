@@ -19,6 +19,7 @@
 #include "flashgen/common/bulk_reduce.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
 #include "flashgen/hopper/bwd_traits.cuh"
 #include "flashgen/hopper/fragments.cuh"
 #include "flashgen/hopper/warpgroup.cuh"
@@ -42,12 +43,13 @@ template <class Traits, class Mask>
 struct KeyBlockWork {
   int n_block, head_kv, batch;
   int m_blocks;  // query blocks of a head
-  int m_begin;   // the first that sees a key of the block
+  int m_begin;   // the query blocks that see a key of the block: m_begin to m_end - 1
+  int m_end;
   int group;     // query heads per KV head
   Mask mask;
 
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
-      : mask(p.seqlen_k, p.mask_offset) {
+      : mask(p, p.seqlen_k, p.mask_offset) {
     const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const int index = int(blockIdx.x);
     // Longest first (under a causal mask the first key blocks see the most query blocks). A
@@ -57,17 +59,18 @@ struct KeyBlockWork {
     head_kv = index / n_blocks % p.heads_kv;
     batch = index / n_blocks / p.heads_kv;
     m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    m_begin = min(m_blocks, mask.template query_block_begin<Traits::kBlockM, Traits::kBlockN>(
-                                n_block));
+    m_end = mask.template query_block_end<Traits::kBlockM, Traits::kBlockN>(n_block, m_blocks);
+    m_begin = min(m_end, mask.template query_block_begin<Traits::kBlockM, Traits::kBlockN>(
+                             n_block));
     group = p.heads / p.heads_kv;
   }
   // Steps: (query head of the group, query block) pairs.
-  __device__ __forceinline__ int steps() const { return group * (m_blocks - m_begin); }
+  __device__ __forceinline__ int steps() const { return group * (m_end - m_begin); }
   __device__ __forceinline__ int head(int step) const {
-    return head_kv * group + step / (m_blocks - m_begin);
+    return head_kv * group + step / (m_end - m_begin);
   }
   __device__ __forceinline__ int m_block(int step) const {
-    return m_begin + step % (m_blocks - m_begin);
+    return m_begin + step % (m_end - m_begin);
   }
   // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
@@ -81,7 +84,7 @@ struct KeyBlockWork {
   }
 };
 
-template <class Traits, class Mask, class Tmas>
+template <class Traits, class Mask, class ScoreMod, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
   using namespace cute;
@@ -201,6 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, BM>{}));  // (key, row)
+  const ScoreMod score_mod(p);
   // P^T and dS^T in 16 bits, as the A operands of dV += P^T dO and dK += dS^T Q.
   Tensor tSrP = make_tensor<Element>(tSrS.layout());
   Tensor tSrdS = make_tensor<Element>(tSrS.layout());
@@ -243,11 +247,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pipeline_do.consumer_wait(do_state);
     warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
 
-    // P^T = exp2(S^T * scale_log2 - lse_log2) per query row (a column here); masked scores are
-    // -inf, and a padded row's lse_log2 +inf, so both give 0.
+    // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
+    // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
+    // modifier's derivative; masked scores are -inf, and a padded row's lse_log2 +inf, so both
+    // give P = 0. Without a modifier P is computed while dP^T is still on the tensor cores; with
+    // one, P waits for dP^T, so the modified scores need no registers of their own (the
+    // derivative is a function of them).
     warpgroup_wait<1>();
+    const int row0 = m_block * kBlockM;
+    if constexpr (!ScoreMod::kIdentity) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        tSrS(i) = score_mod.apply(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
+      }
+    }
     if (work.mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, work.n_block)) {
-      const int row0 = m_block * kBlockM;
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         const int key = key0 + get<0>(tScS(i));
@@ -256,14 +270,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     const float* lse_log2 = smem.lse_log2 + q_state.index() * kBlockM;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) {
-      tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(tScS(i))]));
-    }
-    warpgroup_wait<0>();
     const float* d = smem.d + do_state.index() * kBlockM;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tSrdP); ++i) tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]);
+    auto prob = [&](int i) {
+      return exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(tScS(i))]));
+    };
+    if constexpr (ScoreMod::kIdentity) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(i);
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrdP); ++i) {
+        tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]);
+      }
+    } else {
+      warpgroup_wait<0>();
+      CUTE_UNROLL
+      for (int i = 0; i < size(tSrdP); ++i) {
+        const float derivative =
+            score_mod.derivative(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
+        tSrS(i) = prob(i);
+        tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]) * derivative;
+      }
+    }
     convert_into(tSrP, tSrS);
     convert_into(tSrdS, tSrdP);
 

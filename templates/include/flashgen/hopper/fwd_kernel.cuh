@@ -17,6 +17,7 @@
 #include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/hopper/fragments.cuh"
 #include "flashgen/hopper/fwd_traits.cuh"
@@ -179,7 +180,7 @@ __device__ __forceinline__ void store_rows(Slab const& slab, FwdParams const& p,
 // kDense: every sequence is a (batch, seq) slice of q, k, v and o, as from flash_attn_func; else
 // also packed variable-length batches and KV caches (TmaRows), whose run-time branches cost dense
 // calls 1-3% (H100), hence an instantiation of their own.
-template <class Traits, class Mask, bool kDense, class Tmas>
+template <class Traits, class Mask, class ScoreMod, bool kDense, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
   using namespace cute;
@@ -208,7 +209,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     TmaRows<kBlockN> rows;
     Mask mask;
     bool past_end;  // a packed sequence shorter than the longest: nothing to compute or store
-    int n_blocks;   // key blocks this tile visits: n_blocks - 1 down to 0
+    int n_first;    // key blocks this tile visits: n_first + n_blocks - 1 down to n_first
+    int n_blocks;
   };
   auto work_of = [&](int index) {
     const TileCoord tile = TileCoord::of<Mask::kHidesKeys>(index, m_blocks, p.heads);
@@ -217,13 +219,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       seq.seqlen_k = CachedKeys(p, tile.batch).seqlen_k;
       seq.mask_offset = seq.seqlen_k - seq.seqlen_q;
     }
-    const Mask mask(seq.seqlen_k, seq.mask_offset);
+    const Mask mask(p, seq.seqlen_k, seq.mask_offset);
     const bool past_end = !kDense && tile.m_block * kBlockM >= seq.seqlen_q;
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
     const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)
                              : TmaRows<kBlockN>::of(p, seq, reads_cache);
-    return Work{tile, seq, rows, mask, past_end,
-                past_end ? 0 : mask.template key_block_end<kBlockN>(last_row)};
+    const int n_first = mask.template key_block_begin<kBlockN>(tile.m_block * kBlockM);
+    const int n_end = mask.template key_block_end<kBlockN>(last_row);
+    return Work{tile, seq, rows, mask, past_end, n_first, past_end ? 0 : max(0, n_end - n_first)};
   };
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
@@ -313,7 +316,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ++state;
       };
 
-      int n_block = w.n_blocks - 1;
+      int n_block = w.n_first + w.n_blocks - 1;
       load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block);
       // Q's buffer is free once the consumers are done with the previous Q (and, without an own
       // output buffer, with the output staged over it).
@@ -325,8 +328,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(tmas.q.with(smem.q_full), tQgQ(_, w.tile.m_block * kConsumers + c), tQsQ(_, c));
       }
       // K one block ahead of V: the consumers need K of block n before V of block n + 1.
-      for (; n_block >= 0; --n_block) {
-        if (n_block > 0) {
+      for (; n_block >= w.n_first; --n_block) {
+        if (n_block > w.n_first) {
           load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block - 1);
         }
         load_key_block(tmas.v, mV, sV, tVgV, tVsV, pipeline_v, v_state, n_block);
@@ -372,6 +375,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   };
 
+  const ScoreMod score_mod(p);
   typename Pipeline::PipelineState k_state, v_state;
   int q_loads = 0;
   for (int t = 0;; ++t) {
@@ -380,12 +384,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const Work w = work_of(index);
     if (w.past_end) continue;
     const int row0 = w.tile.m_block * kBlockM + consumer * 64;
+    // The score modifier, then the mask, on key block n_block's scores.
     auto masked = [&](int n_block) {
       const int col0 = n_block * kBlockN;
       if (const int shift = w.rows.shift(n_block); !kDense && shift != 0) {
+        apply_score_mod(score_mod, tSrS, tScS, row0, col0 + shift);
         apply_mask(KeysFrom<Mask>{w.mask, col0}, tSrS, tScS, row0, col0 + shift);
-      } else if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
-        apply_mask(w.mask, tSrS, tScS, row0, col0);
+      } else {
+        apply_score_mod(score_mod, tSrS, tScS, row0, col0);
+        if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
+          apply_mask(w.mask, tSrS, tScS, row0, col0);
+        }
       }
     };
     OnlineSoftmax softmax(p.scale_log2);
@@ -402,7 +411,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       TxBarrier::wait(&smem.q_full, q_loads++ & 1);
 
-      int n_block = w.n_blocks - 1;
+      int n_block = w.n_first + w.n_blocks - 1;
       wait_turn();
       pipeline_k.consumer_wait(k_state);
       warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
@@ -412,13 +421,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++k_state;
       masked(n_block);
       softmax.update<true>(tSrS, rescale);
-      if (!Traits::kOverlap && n_block == 0) release_q();
+      if (!Traits::kOverlap && n_block == w.n_first) release_q();
 
       if constexpr (Traits::kOverlap) {
         // Block n's QK^T and block n + 1's PV go out together; the softmax of block n runs
         // while the PV is still on the tensor cores.
         convert_into(tSrP, tSrS);
-        for (--n_block; n_block >= 0; --n_block) {
+        for (--n_block; n_block >= w.n_first; --n_block) {
           wait_turn();
           pipeline_k.consumer_wait(k_state);
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
@@ -453,13 +462,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           warpgroup_wait<0>();
           pipeline_v.consumer_release(v_state);
           ++v_state;
-          if (--n_block < 0) break;
+          if (--n_block < w.n_first) break;
           wait_turn();
           pipeline_k.consumer_wait(k_state);
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-          pass_turn(n_block == 0);
+          pass_turn(n_block == w.n_first);
           warpgroup_wait<0>();
-          if (n_block == 0) release_q();
+          if (n_block == w.n_first) release_q();
           pipeline_k.consumer_release(k_state);
           ++k_state;
           masked(n_block);

@@ -153,15 +153,15 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const int head_kv = work.batch_head % p.heads_kv;
   const int group = p.heads / p.heads_kv;
   const Seqs seq(p, work.batch_head / p.heads_kv);
-  const Mask mask(seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod;
+  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod(p);
 
-  // Query blocks that see a key of this block: from the first one the mask lets see it. Steps
-  // run over (query head in the group, query block); none left means dK = dV = 0. A piece runs
-  // its share of them.
+  // Query blocks that see a key of this block: those the mask lets see it. Steps run over (query
+  // head in the group, query block); none means dK = dV = 0. A piece runs its share of them.
   const int num_m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
   const int m_block_min = mask.template query_block_begin<kBlockM, kBlockN>(n_block);
-  const int m_steps = max(0, num_m_blocks - m_block_min);
+  const int m_block_end = mask.template query_block_end<kBlockM, kBlockN>(n_block, num_m_blocks);
+  const int m_steps = max(0, m_block_end - m_block_min);
   const int steps = group * m_steps;
   const int step_begin = piece.piece * steps / piece.pieces;
   const int step_end = (piece.piece + 1) * steps / piece.pieces;
@@ -383,11 +383,12 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod;
+  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod(p);
   const int rows = seq.seqlen_q - m_block * kBlockM;
   if (rows <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + min(rows, kBlockM) - 1);
+  const int n_block_min = mask.template key_block_begin<kBlockN>(m_block * kBlockM);
 
   // The same shared-memory carve-up as bwd_dkdv_kernel; Q and dO use stage 0.
   using SmemQ = typename Traits::SmemLayoutQ;
@@ -434,7 +435,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
 
   const int64_t row_base = seq.row_stats_offset(p.heads, head);
   CUTE_NO_UNROLL
-  for (int n_block = 0; n_block < n_block_max; ++n_block) {
+  for (int n_block = n_block_min; n_block < n_block_max; ++n_block) {
     __syncthreads();  // every warp is done with the previous key block
     const int kv_rows = seq.seqlen_k - n_block * kBlockN;
     copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mK, TileKV{}, make_coord(n_block, 0))),

@@ -55,14 +55,15 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
 
   const KvCacheRows cache(p, batch, head_kv);
   // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
-  const Mask mask(cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  const Mask mask(p, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
   const int first_token = row0 / group;
   const int last_token = (min(packed_rows, row0 + kBlockM) - 1) / group;
 
-  // This split's key blocks: an equal share of those the block's last token sees, newest first.
+  // This split's key blocks: an equal share of those the block's tokens see, newest first.
   const int n_end = mask.template key_block_end<kBlockN>(last_token);
-  const int per_split = (n_end + p.num_splits - 1) / p.num_splits;
-  const int n_begin = min(n_end, split * per_split);
+  const int n_first = min(n_end, mask.template key_block_begin<kBlockN>(first_token));
+  const int per_split = (n_end - n_first + p.num_splits - 1) / p.num_splits;
+  const int n_begin = min(n_end, n_first + split * per_split);
   const int n_stop = min(n_end, n_begin + per_split);
   const int n_tiles = n_stop - n_begin;
 
@@ -178,9 +179,10 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
       clear(acc_s);
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
               smem_copy_k);
-      // Visibility is monotone in the key, so a tile whose last key the first token sees needs
-      // no mask.
-      if (!mask.visible(first_token, (n_block + 1) * kBlockN - 1)) {
+      // The visible keys of a token are one run, which moves right with the token: a tile whose
+      // last key the first token sees and whose first key the last token sees needs no mask.
+      if (!mask.visible(first_token, (n_block + 1) * kBlockN - 1) ||
+          !mask.visible(last_token, n_block * kBlockN)) {
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
           const int token = (row0 + get<0>(tScS(i))) / group;
@@ -197,7 +199,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   cp_async_wait<0>();
   __syncthreads();
 
-  softmax.finalize(acc_o, p.softmax_scale);
+  softmax.finalize(acc_o, p.scale_log2);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
   Tensor coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));  // (rows, cols)
   // Row (token, head)'s index in the (batch, heads, seqlen_q) statistics.

@@ -46,15 +46,16 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod;
+  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod(p);
 
-  // Key blocks this query block needs: those up to the mask's last visible one. None (rows that
-  // see no key) still runs the epilogue: O = 0, lse = -inf.
+  // Key blocks this query block needs: those the mask lets its rows see. None (rows that see no
+  // key) still runs the epilogue: O = 0, lse = -inf.
   const int rows_in_block = min(kBlockM, seq.seqlen_q - m_block * kBlockM);
   if (rows_in_block <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max =
       mask.template key_block_end<kBlockN>(m_block * kBlockM + rows_in_block - 1);
+  const int n_block_min = mask.template key_block_begin<kBlockN>(m_block * kBlockM);
 
   // Global memory, (rows, head_dim) for this sequence and head.
   Tensor mQ = seq.template q_rows<const Element, kHeadDim>(p.q, p.q_batch_stride, p.q_row_stride,
@@ -117,7 +118,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   // Prologue: Q, then kv_stages - 1 key/value tiles in flight, one commit group per tile (Q
   // rides with the first). Empty groups keep the count uniform for cp_async_wait below.
   copy_tile<true, kHeadDim>(gmem_copy, tQgQ, tQsQ, tQcQ, rows_in_block);
-  const int n_tiles = n_block_max;
+  const int n_tiles = max(0, n_block_max - n_block_min);
   CUTE_UNROLL
   for (int stage = 0; stage < kKvStages - 1; ++stage) {
     if (stage < n_tiles) load_kv(n_block_max - 1 - stage, stage);
@@ -174,16 +175,21 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
   int tile = 0;
   if constexpr (Traits::kSeparateMaskedLoop) {
-    // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first.
+    // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first and those
+    // that straddle a window's left edge last.
+    auto needs_mask = [&](int t) {
+      return mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block_max - 1 - t);
+    };
     CUTE_NO_UNROLL
-    for (; tile < n_tiles &&
-           mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block_max - 1 - tile);
-         ++tile) {
-      step(tile, cute::true_type{});
-    }
+    for (; tile < n_tiles && needs_mask(tile); ++tile) step(tile, cute::true_type{});
+    CUTE_NO_UNROLL
+    for (; tile < n_tiles && !needs_mask(tile); ++tile) step(tile, cute::false_type{});
+    CUTE_NO_UNROLL
+    for (; tile < n_tiles; ++tile) step(tile, cute::true_type{});
+  } else {
+    CUTE_NO_UNROLL
+    for (; tile < n_tiles; ++tile) step(tile, cute::true_type{});
   }
-  CUTE_NO_UNROLL
-  for (; tile < n_tiles; ++tile) step(tile, cute::bool_constant<!Traits::kSeparateMaskedLoop>{});
   // Every thread's copies have landed before O overwrites Q's shared memory. The loop's barrier
   // does not cover a block that ran no tile (rows that see no key): without this one, another
   // thread's Q copy could land on top of the staged output.
@@ -192,7 +198,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
   // Epilogue: normalise, write lse per row, stage O through shared memory and store it with
   // 16-byte coalesced writes.
-  softmax.finalize(acc_o, p.softmax_scale);
+  softmax.finalize(acc_o, p.scale_log2);
 
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_K)
   Tensor row_coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));

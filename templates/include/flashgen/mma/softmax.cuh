@@ -75,10 +75,12 @@ struct OnlineSoftmax {
     }
   }
 
-  // Normalises acc_o and returns each row's log-sum-exp (natural log) in row_max.
-  // A row that saw no key gets output 0 and lse -inf.
+  // Normalises acc_o and returns each row's log-sum-exp (natural log) in row_max, the scores'
+  // scale the softmax ran with (scale_log2, update's) turned back into natural units. A row that
+  // saw no key gets output 0 and lse -inf.
   template <class AccO>
-  __device__ __forceinline__ void finalize(AccO& acc_o, float softmax_scale) {
+  __device__ __forceinline__ void finalize(AccO& acc_o, float scale_log2) {
+    constexpr float kLn2 = 0.6931471805599453f;
     Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -86,7 +88,7 @@ struct OnlineSoftmax {
       const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv_sum;
-      row_max[r] = sum == 0.f ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+      row_max[r] = sum == 0.f ? -INFINITY : row_max[r] * (scale_log2 * kLn2) + logf(sum);
     }
   }
 };

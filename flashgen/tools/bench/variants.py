@@ -1,0 +1,159 @@
+"""`flashgen bench --mode variants`: attention variants, flashgen against FlexAttention
+(torch.compile'd flex_attention, its block mask built once outside the timing) on the same
+inputs in one process, forward and forward + backward; plain causal also against SDPA's
+FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION. A window wider than the sequence is timed
+against flashgen's own dense kernel (it must cost nothing).
+
+Every case is causal at seqlen 8k, batch 2, 16 heads (the issue's shapes), at head dims 128 and
+64. flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim)
+copies of the same values, each in its own native layout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flashgen.tools.bench.timing import environment, time_ms, timed_call
+
+VARIANTS_MODE = "variants"  # bench's --mode
+VARIANT_MODES = ("fwd", "fwd_bwd")
+GRID = {"dtype": "bf16", "batch": 2, "heads": 16, "seqlen": 8192, "head_dims": (128, 64)}
+WINDOW = 1024
+SOFTCAP = 30.0
+# name -> flashgen's flash_attn_func arguments (all causal); None: no flashgen case
+CASES = {
+    "causal": {},
+    f"window {WINDOW}": {"window_size": (WINDOW, 0)},
+    f"softcap {SOFTCAP:g}": {"softcap": SOFTCAP},
+    "window wider than the sequence": {"window_size": (1 << 20, 0)},
+}
+SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+
+
+def _flex(case: str, batch: int, heads: int, seqlen: int):
+    """FlexAttention's compiled call (q, k, v) -> out for the case, (batch, heads, seq, dim)."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx <= WINDOW)
+
+    mask_mod = window if case.startswith("window ") and "wider" not in case else causal
+    block_mask = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device="cuda")
+    score_mod = None
+    if case.startswith("softcap"):
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return SOFTCAP * torch.tanh(score / SOFTCAP)
+    # A fresh compile per case: one compiled function over every case's masks and score mods
+    # would hit dynamo's recompile limit and fall back to the unfused implementation.
+    torch._dynamo.reset()
+    compiled = torch.compile(flex_attention)
+    return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
+
+
+def _sdpa(backend_name: str):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def call(q, k, v):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return call
+
+
+def _time(mode: str, fn, inputs) -> dict:
+    try:
+        call, sets, reset = timed_call(mode, fn, inputs)
+        return {"ms": time_ms(call, sets, reset=reset)}
+    except (RuntimeError, NotImplementedError) as e:
+        return {"error": (str(e).splitlines() or [type(e).__name__])[0][:200]}
+
+
+def run(grid: dict = GRID, log=print) -> dict:
+    import torch
+
+    from flashgen import flash_attn_func
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[grid["dtype"]]
+    batch, heads, seqlen = grid["batch"], grid["heads"], grid["seqlen"]
+    rows = []
+    for head_dim in grid["head_dims"]:
+        bshd = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
+                 for _ in range(3)] for _ in range(2)]
+        bhsd = [[t.transpose(1, 2).contiguous() for t in tensors] for tensors in bshd]
+        for case, kwargs in CASES.items():
+            impls = {"flashgen": (lambda kw: lambda q, k, v: flash_attn_func(
+                q, k, v, causal=True, **kw))(kwargs)}
+            layouts = {"flashgen": bshd}
+            if "wider" in case:
+                impls["flashgen causal"] = lambda q, k, v: flash_attn_func(q, k, v, causal=True)
+                layouts["flashgen causal"] = bshd
+            else:
+                impls["FlexAttention"] = _flex(case, batch, heads, seqlen)
+                layouts["FlexAttention"] = bhsd
+            if case == "causal":
+                for peer in SDPA_PEERS:
+                    impls[peer] = _sdpa(peer)
+                    layouts[peer] = bhsd
+            for mode in VARIANT_MODES:
+                row = {"case": case, "head_dim": head_dim, "mode": mode, "dtype": grid["dtype"],
+                       "batch": batch, "heads": heads, "seqlen": seqlen, "results": {}}
+                for name, fn in impls.items():
+                    row["results"][name] = _time(mode, fn, layouts[name])
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                log(format_row(row))
+    return {"environment": environment(), "grid": dict(grid), "rows": rows}
+
+
+def _ratio(row: dict, peer: str) -> float | None:
+    ours, theirs = row["results"].get("flashgen", {}), row["results"].get(peer, {})
+    if "ms" in ours and "ms" in theirs:
+        return theirs["ms"] / ours["ms"]
+    return None
+
+
+def format_row(row: dict) -> str:
+    parts = [f"hd{row['head_dim']} {row['mode']:7} {row['case']:32}"]
+    for name, result in row["results"].items():
+        parts.append(f"{name} {result['ms']:.3f} ms" if "ms" in result else
+                     f"{name} {result.get('error', '?')}")
+    return " | ".join(parts)
+
+
+def markdown(result: dict, command: str) -> str:
+    env = result["environment"]
+    grid = result["grid"]
+    lines = [f"# Attention variants: flashgen vs FlexAttention ({env['gpu']})", "",
+             f"`{command}`, {env['date']}, torch {env['torch']}, flashgen "
+             f"{env.get('flashgen_commit')}. {grid['dtype']}, batch {grid['batch']}, "
+             f"{grid['heads']} heads, seqlen {grid['seqlen']}, causal; medians of CUDA-event-timed "
+             f"calls. Speedup: the peer's time over flashgen's.", "",
+             "| head dim | mode | case | flashgen ms | peer | peer ms | speedup |",
+             "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        ours = row["results"]["flashgen"]
+        for peer, theirs in row["results"].items():
+            if peer == "flashgen":
+                continue
+            ratio = _ratio(row, peer)
+            lines.append(f"| {row['head_dim']} | {row['mode']} | {row['case']} | "
+                         f"{ours.get('ms', float('nan')):.3f} | {peer} | "
+                         f"{theirs.get('ms', float('nan')):.3f} | "
+                         f"{'' if ratio is None else f'{ratio:.2f}x'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(result: dict, out: str | Path, command: str) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.md"]
+    paths[0].write_text(json.dumps({**result, "command": command}, indent=1) + "\n")
+    paths[1].write_text(markdown(result, command))
+    return paths

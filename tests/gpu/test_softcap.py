@@ -1,0 +1,90 @@
+"""Soft capping, FlashAttention-2's softcap: each scaled score s becomes softcap * tanh(s /
+softcap) (Gemma-2, Grok), on kernels compiled with the softcap score modifier. Outputs and
+gradients against the fp32 reference on every family, with masks, windows and varlen."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen.reference import assert_close_fa2, attention_ref
+from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+
+# (batch, seqlen_q, seqlen_k, heads, heads_kv): odd sizes, more queries than keys, GQA.
+SHAPES = [(2, 239, 500, 8, 2), (1, 1023, 512, 8, 8), (2, 512, 512, 4, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_q{}_k{}_h{}_hk{}".format(*s))
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)),
+                                            (True, (100, 0))], ids=["full", "causal", "window"])
+@pytest.mark.parametrize("softcap", [5.0, 30.0])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_forward_and_gradients_match_the_reference(dtype, head_dim, softcap, causal, window,
+                                                   shape, each_family):
+    batch, seqlen_q, seqlen_k, heads, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, False)
+    # Scores large enough that the cap bends them: softcap 5 saturates most of them.
+    q = (q.detach() * 3).requires_grad_()
+    kwargs = dict(causal=causal, window_size=window, softcap=softcap)
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
+    out_ref, lse_ref = attention_ref(q, k, v, **kwargs)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **kwargs)
+    assert_close_fa2(out, out_ref, out_pt, "out")
+    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
+    dout = make_dout(out, non_contiguous=False)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_grads_close(grads, q, k, v, dout, causal, window_size=window, softcap=softcap)
+    mask = "window" if window != (-1, -1) else "causal" if causal else "none"
+    spec = forward.kernel_for(q.device, "bf16" if dtype == torch.bfloat16 else "fp16", head_dim,
+                              mask, batch * heads, seqlen_q, score_mod="softcap")
+    assert spec.score_mod == "softcap"
+
+
+def test_varlen_sequences_are_capped_alike():
+    lengths = [37, 300, 129]
+    heads, head_dim, dtype = 4, 128, torch.bfloat16
+    total = sum(lengths)
+    q, k, v = (3 * torch.randn(total, heads, head_dim, device="cuda", dtype=dtype)
+               for _ in range(3))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                      device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                 softcap=20.0)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    starts = cu.tolist()
+    for b in range(len(lengths)):
+        rows = slice(starts[b], starts[b + 1])
+        seq = [t[rows].unsqueeze(0).detach().requires_grad_() for t in (q, k, v)]
+        ref, _ = attention_ref(*seq, causal=True, softcap=20.0)
+        same_dtype, _ = attention_ref(*seq, causal=True, softcap=20.0, upcast=False)
+        assert_close_fa2(out[rows].unsqueeze(0), ref, same_dtype, f"out of sequence {b}")
+        assert_grads_close(tuple(g[rows].unsqueeze(0) for g in grads), *seq,
+                           dout[rows].unsqueeze(0), True, softcap=20.0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_gradients_are_bit_identical(head_dim, each_family):
+    q, k, v = make_qkv(2, 700, 700, 8, 2, head_dim, torch.bfloat16, False)
+    dout = torch.randn_like(q)
+
+    def grads():
+        out = flash_attn_func(q, k, v, causal=True, softcap=30.0, deterministic=True)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    first = grads()
+    assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+    assert backward.kernel_for(q.device, "bf16", head_dim, "causal",
+                               score_mod="softcap").score_mod == "softcap"
+
+
+@pytest.mark.parametrize("softcap", [-1.0, float("inf")])
+def test_bad_softcap_names_the_argument(softcap):
+    q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.bfloat16, False)
+    with pytest.raises(ValueError, match="softcap"):
+        flash_attn_func(q, k, v, softcap=softcap)
