@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED
 from flashgen import flash_attn_func, ops, scaled_dot_product_attention
 
 pytestmark = pytest.mark.gpu
@@ -175,17 +176,18 @@ def test_autocast_output_dtype_matches_pytorchs_sdpa():
 # --- the ops themselves ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("heads_first", [False, True], ids=["bshd", "heads_first"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_opcheck_with_the_real_kernels(causal, heads_first):
+@pytest.mark.parametrize("mask, window, softcap", [("none", (UNBOUNDED, UNBOUNDED), 0.0),
+                                                   ("causal", (UNBOUNDED, 0), 0.0),
+                                                   ("window", (40, 7), 30.0)])
+def test_opcheck_with_the_real_kernels(mask, window, softcap, heads_first):
     """Schema, autograd registration, fake against real shapes and strides, and AOT autograd
     with dynamic shapes."""
-    q, k, v = make_qkv(seqlen_q=113, seqlen_k=203)
-    mask = "causal" if causal else "none"
-    forward_args = (q, k, v, 0.125, mask, 203 - 113, True, heads_first)
+    q, k, v = make_qkv(seqlen_q=113, seqlen_k=203, head_dim=128)
+    forward_args = (q, k, v, 0.125, mask, 203 - 113, *window, softcap, True, heads_first)
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
     backward_args = (torch.randn_like(out), *(t.detach() for t in (q, k, v, out, lse)), 0.125,
-                     mask, 203 - 113, True, heads_first)
+                     mask, 203 - 113, *window, softcap, True, heads_first)
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(BWD, backward_args, test_utils=checks)
 
