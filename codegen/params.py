@@ -61,7 +61,7 @@ ATTENTION_FIELDS = (
           "top-left (PyTorch SDPA)", default=0),
     Field("window_left", "int", "The window mask kind's band: query row i sees key j iff "
           "i + mask_offset - window_left <= j <= i + mask_offset + window_right, each bound at "
-          f"most {WINDOW_UNBOUNDED} (unbounded). Causal: window_right 0, window_left unbounded",
+          f"most {WINDOW_UNBOUNDED} (unbounded). The causal kind reads mask_offset alone",
           default=WINDOW_UNBOUNDED),
     Field("window_right", "int", "", default=0),
     Field("softcap", "float", "The softcap score modifier's cap c: scores become c * tanh(s * "

@@ -17,7 +17,6 @@ from codegen.spec import KernelSpec
 from flashgen import families, launch, loader, registry
 
 
-
 def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
             cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
             max_seqlen_q=0, max_seqlen_k=0, *, softcap: float = 0.0):

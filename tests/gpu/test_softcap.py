@@ -10,6 +10,7 @@ import torch
 from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+from tests.gpu.test_varlen import cu_seqlens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
 
@@ -51,8 +52,7 @@ def test_varlen_sequences_are_capped_alike():
     q, k, v = (3 * torch.randn(total, heads, head_dim, device="cuda", dtype=dtype)
                for _ in range(3))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                      device="cuda")
+    cu = cu_seqlens(lengths)
     out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
                                  softcap=20.0)
     dout = torch.randn_like(out)

@@ -11,6 +11,7 @@ import torch
 from flashgen import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+from tests.gpu.test_varlen import cu_seqlens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
 
@@ -95,16 +96,13 @@ def test_varlen_sequences_each_see_their_own_window(case):
         return torch.randn(sum(lengths), heads_, head_dim, device="cuda", dtype=dtype,
                            requires_grad=True)
 
-    def cu(lengths):
-        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
-                            device="cuda")
-
     q, k, v = packed(lengths_q, heads), packed(lengths_k, heads_kv), packed(lengths_k, heads_kv)
-    out = flash_attn_varlen_func(q, k, v, cu(lengths_q), cu(lengths_k), max(lengths_q),
-                                 max(lengths_k), causal=causal, window_size=window)
+    out = flash_attn_varlen_func(q, k, v, cu_seqlens(lengths_q), cu_seqlens(lengths_k),
+                                 max(lengths_q), max(lengths_k), causal=causal,
+                                 window_size=window)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    starts_q, starts_k = cu(lengths_q).tolist(), cu(lengths_k).tolist()
+    starts_q, starts_k = cu_seqlens(lengths_q).tolist(), cu_seqlens(lengths_k).tolist()
     for b in range(len(lengths_q)):
         rows = slice(starts_q[b], starts_q[b + 1])
         keys = slice(starts_k[b], starts_k[b + 1])

@@ -38,8 +38,8 @@ struct AttentionParams {
   // the bottom-right corner (FlashAttention), 0 to the top-left (PyTorch SDPA)
   int mask_offset;
   // The window mask kind's band: query row i sees key j iff i + mask_offset - window_left <= j <= i
-  // + mask_offset + window_right, each bound at most 1073741824 (unbounded). Causal: window_right
-  // 0, window_left unbounded
+  // + mask_offset + window_right, each bound at most 1073741824 (unbounded). The causal kind reads
+  // mask_offset alone
   int window_left;
   int window_right;
   // The softcap score modifier's cap c: scores become c * tanh(s * softmax_scale / c), and
