@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from codegen import ninja, paths
+from codegen import ninja, paths, variants
 from codegen.arch import ARCHS
 from codegen.render import render_spec
 from codegen.spec import KernelSpec
@@ -261,6 +261,23 @@ def run_ninja(build_dir: Path, jobs: int | None,
     return proc.wait() == 0, "".join(lines), per_edge
 
 
+def check_variants(specs: list[KernelSpec], nvcc_bin) -> None:
+    """Compiles each config-defined variant of the specs alone (codegen/variants.py's
+    check_source, a few seconds each): an invalid snippet raises BuildError with the compiler's
+    message and the variant's table before any kernel builds."""
+    for variant in sorted({s.variant for s in specs if s.variant is not None}):
+        with tempfile.TemporaryDirectory(prefix="flashgen-variant-") as tmp:
+            source = Path(tmp) / f"{variant.name}.cu"
+            source.write_text(variants.check_source(variant))
+            result = subprocess.run(
+                [str(nvcc_bin), "-std=c++17", "-c", "-o", str(Path(tmp) / "check.o"),
+                 f"-I{paths.INCLUDE_DIR}", str(source)], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise BuildError(f"flashgen: config table [variants.{variant.name}] does not compile "
+                             f"(its mask_mod, score_mod or score_mod_grad):\n"
+                             f"{(result.stdout + result.stderr).strip()}")
+
+
 def build(specs: list[KernelSpec], jobs: int | None = None, objects_only: bool = False,
           log: Callable[[str], None] = print) -> list[Entry]:
     """Builds the specs not yet in the cache (all of one arch per ninja run) and returns the
@@ -271,6 +288,7 @@ def build(specs: list[KernelSpec], jobs: int | None = None, objects_only: bool =
     if nvcc_bin is None or nvcc is None:
         raise BuildError("nvcc not found: install the CUDA toolkit (12.x or 13.x) and put nvcc on "
                          "PATH or set CUDA_HOME")
+    check_variants(specs, nvcc_bin)
     entries = []
     for arch in sorted({s.arch for s in specs}):
         arch_specs = sorted(s for s in specs if s.arch == arch)

@@ -41,6 +41,7 @@ from codegen.arch import ARCHS
 from codegen.family import Family, Kind, Tile
 from codegen.masks import MASKS
 from codegen.score_mods import SCORE_MODS
+from codegen.variants import Variant, parse_variants
 
 DTYPES = ("fp16", "bf16")
 MAX_HEAD_DIM = 256
@@ -66,6 +67,10 @@ class Config:
     # where a [....<mask>] subtable changes them; sorted
     mask_tiles: tuple[tuple[MaskTileKey, tuple[Tile, ...]], ...] = ()
     score_mods: tuple[str, ...] = ("none",)  # codegen/score_mods.py
+    variants: tuple[Variant, ...] = ()  # codegen/variants.py, by name
+
+    def variant(self, name: str) -> Variant | None:
+        return next((v for v in self.variants if v.name == name), None)
 
     def tiles_of(self, family: str, kind: str, arch: str, head_dim: int,
                  mask: str | None = None) -> tuple[Tile, ...]:
@@ -107,8 +112,8 @@ def parse_config(raw: dict, path: Path) -> Config:
                    "write [mma.sm_XX.head_dim.N] (and [[...alt_tiles]] for [[...variants]])")
     if "causal" in raw:
         raise fail("causal", 'write masks = ["none", "causal"] instead of causal = [false, true]')
-    _reject_unknown(raw, {"dtypes", "masks", "score_mods", *families.FAMILIES}, "top level",
-                    fail)
+    _reject_unknown(raw, {"dtypes", "masks", "score_mods", "variants", *families.FAMILIES},
+                    "top level", fail)
     dtypes = raw.get("dtypes", list(DTYPES))
     if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
         raise fail("dtypes", f"{dtypes!r}: must be a non-empty list drawn from {list(DTYPES)}")
@@ -131,8 +136,9 @@ def parse_config(raw: dict, path: Path) -> Config:
     if not tiles:
         raise fail("top level", "at least one [<family>.sm_XX.head_dim.N] table is required, e.g. "
                    f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
+    variants = parse_variants(raw.get("variants", {}), fail)
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
-                  score_mods=tuple(sorted(set(score_mods))),
+                  score_mods=tuple(sorted(set(score_mods))), variants=variants,
                   tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
 
 

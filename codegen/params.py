@@ -46,6 +46,10 @@ def _tensor(name: str, ctype: str, comment: str, stride_prefix: str = "",
 # sums of a row, an offset and a bound stay inside int (common/mask.cuh's WindowMask).
 WINDOW_UNBOUNDED = 1 << 30
 
+# A config-defined variant's tensor slots and their largest rank (codegen/variants.py).
+VARIANT_TENSORS = 4
+VARIANT_RANK = 4
+
 # What every pass reads: the inputs and the problem's sizes, scale and mask.
 ATTENTION_FIELDS = (
     _tensor("q", "const void*", "(batch, seqlen_q, heads, head_dim), any strides in elements "
@@ -67,6 +71,19 @@ ATTENTION_FIELDS = (
     Field("softcap", "float", "The softcap score modifier's cap c: scores become c * tanh(s * "
           "softmax_scale / c), and scale_log2 is c * log2(e) (codegen/score_mods.py)",
           default=0.0),
+    Field("alibi_slopes", "const float*", "The alibi score modifier's slopes: query row i and key "
+          "j add -slope * |i + offset - j| to the scaled score, offset the sequence's seqlen_k - "
+          "seqlen_q; slope = alibi_slopes[batch * alibi_batch_stride + head]", default=0),
+    Field("alibi_batch_stride", "int64_t", "0: one slope per head for every sequence",
+          default=0),
+    Field("mask_ranges", "int*", "A config-defined mask (common/variant.cuh): per sequence and "
+          "16 query rows, the keys the rows may see and the keys all of them see, "
+          "(batch, ceil(seqlen_q / 16), 4) int", default=0),
+    *(field_ for i in range(VARIANT_TENSORS) for field_ in (
+        Field(f"variant_tensor{i}", "const void*", "A config-defined variant's tensors, "
+              "contiguous, in the order its table declares them, each with its sizes (1 past "
+              "its rank)" if i == 0 else "", default=0),
+        *(Field(f"variant_size{i}_{d}", "int", "", default=1) for d in range(VARIANT_RANK)))),
     Field("cu_seqlens_q", "const int*", "(batch + 1,): a variable-length batch's sequence starts "
           "in packed (1, total rows, heads, head_dim) tensors, then the total; seqlen_q and "
           "seqlen_k are then the longest lengths, each sequence's causal mask aligns bottom-right "
@@ -218,6 +235,8 @@ def _args_builder(name: str, fields_: tuple[Field, ...]):
     return tuple_type, build
 
 
+# What a pass that reads only the shared fields takes (a variant's mask ranges).
+AttentionArgs, attention_args = _args_builder("AttentionArgs", ())
 FwdArgs, fwd_args = _args_builder("FwdArgs", FWD_FIELDS)
 BwdArgs, bwd_args = _args_builder("BwdArgs", BWD_FIELDS)
 DecodeArgs, decode_args = _args_builder("DecodeArgs", DECODE_FIELDS)

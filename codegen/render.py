@@ -9,8 +9,6 @@ from pathlib import Path
 
 import jinja2
 
-from codegen.masks import MASKS
-from codegen.score_mods import SCORE_MODS
 from codegen.spec import KernelSpec
 
 ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -35,9 +33,28 @@ def render_spec(spec: KernelSpec) -> str:
     family = spec.family_record
     template = _environment(family.template_dir).get_template(family.kind(spec.kind).template)
     return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype],
-                           mask_type=MASKS[spec.mask].cpp_type,
-                           score_mod_type=SCORE_MODS[spec.score_mod].cpp_type,
-                           **family.template_context(spec))
+                           mask_type=spec.mask_kind.cpp_type,
+                           score_mod_type=spec.score_mod_kind.cpp_type,
+                           **_variant_context(spec), **family.template_context(spec))
+
+
+def _variant_context(spec: KernelSpec) -> dict:
+    """A config-defined variant's struct (after the launch header) and, for its mask, the entry
+    that fills the mask's block ranges (common/variant.cuh), which the binding calls as
+    `attention`."""
+    variant = spec.variant
+    if variant is None:
+        return {"variant_code": "", "variant_entry": ""}
+    entry = ""
+    if variant.mask_mod:
+        entry = (
+            "\n// The variant's mask ranges (common/variant.cuh), before its kernels run.\n"
+            "extern \"C\" int flashgen_mask_ranges(const flashgen::AttentionParams* params, "
+            "void* stream) {\n"
+            f"  return int(flashgen::compute_mask_ranges<{variant.struct}>(*params, "
+            "static_cast<cudaStream_t>(stream)));\n}\n")
+    return {"variant_code": '#include "flashgen/common/variant.cuh"\n\n' + variant.cpp(),
+            "variant_entry": entry}
 
 
 def write_if_changed(path: Path, text: str) -> bool:
@@ -62,9 +79,11 @@ def manifest_text(specs: list[KernelSpec]) -> str:
 
 def samples(specs: list[KernelSpec]) -> list[KernelSpec]:
     """One spec per template (family and kind), to show what it renders: the first at
-    SAMPLE_HEAD_DIM if there is one, else the first."""
+    SAMPLE_HEAD_DIM if there is one, else the first, without a score modifier where there is
+    one."""
     chosen = {}
-    for spec in sorted(specs, key=lambda s: (s.head_dim != SAMPLE_HEAD_DIM, s)):
+    for spec in sorted(specs, key=lambda s: (s.head_dim != SAMPLE_HEAD_DIM,
+                                             s.score_mod != "none", s)):
         chosen.setdefault((spec.family, spec.kind), spec)
     return sorted(chosen.values())
 

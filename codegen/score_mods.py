@@ -24,20 +24,58 @@ SCORE_MODS = {m.name: m for m in (
     # softcap * tanh(s * softmax_scale / softcap) (Gemma-2, Grok), the cap at run time
     # (params.h's softcap).
     ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd")),
+    # ALiBi, the slopes at run time (params.h's alibi_slopes).
+    ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd")),
 )}
 
 
 _LOG2_E = math.log2(math.e)
 
 
-def score_mod_of(softcap: float) -> str:
-    """The score modifier kind a call runs: "softcap" for a cap above 0, else "none"."""
-    return "softcap" if softcap > 0 else "none"
+@dataclass(frozen=True)
+class Modifiers:
+    """A call's run-time arguments beyond q, k, v, the scale and the band (params.h): softcap > 0
+    caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them
+    (at most one of the two: flashgen/validate.py checks); a config-defined variant
+    (codegen/variants.py) with its tensors, contiguous in its table's order, and, where it has a
+    mask, the mask's block ranges (common/variant.cuh)."""
+    softcap: float = 0.0
+    alibi_slopes: object = None
+    variant: object = None            # a codegen.variants.Variant
+    variant_tensors: tuple = ()
+    mask_ranges: object = None
+
+    @property
+    def score_mod(self) -> str:
+        """The score modifier kind the call runs."""
+        if self.variant is not None and self.variant.score_mod:
+            return self.variant.name
+        if self.softcap > 0:
+            return "softcap"
+        return "none" if self.alibi_slopes is None else "alibi"
+
+    def fields(self, scale: float) -> dict:
+        """The params fields of the softmax scale, the score modifier and the variant: the
+        softmax runs on exp2 of the (modified) score times scale_log2, which is softmax_scale *
+        log2(e), or log2(e) times the softcap (common/score_mod.cuh's Softcap leaves the factor
+        to it) or times 1 (a variant's score_mod sees the scaled score)."""
+        slopes = self.alibi_slopes
+        factor = scale
+        if self.softcap > 0:
+            factor = self.softcap
+        elif self.variant is not None and self.variant.score_mod:
+            factor = 1.0
+        fields = {"softmax_scale": scale, "scale_log2": factor * _LOG2_E,
+                  "softcap": self.softcap,
+                  "alibi_slopes": 0 if slopes is None else slopes.data_ptr(),
+                  "alibi_batch_stride": 0 if slopes is None or slopes.dim() == 1
+                  else slopes.stride(0)}
+        if self.mask_ranges is not None:
+            fields["mask_ranges"] = self.mask_ranges.data_ptr()
+        for i, tensor in enumerate(self.variant_tensors):
+            fields[f"variant_tensor{i}"] = tensor.data_ptr()
+            fields.update({f"variant_size{i}_{d}": size for d, size in enumerate(tensor.shape)})
+        return fields
 
 
-def score_fields(scale: float, softcap: float = 0.0) -> dict:
-    """The params fields of the softmax scale and the score modifier: the softmax runs on exp2 of
-    the (modified) score times scale_log2, which is softmax_scale * log2(e), or under a softcap
-    softcap * log2(e) (common/score_mod.cuh's Softcap leaves the factor to it)."""
-    return {"softmax_scale": scale, "scale_log2": (softcap if softcap > 0 else scale) * _LOG2_E,
-            "softcap": softcap}
+PLAIN = Modifiers()

@@ -8,7 +8,9 @@ from functools import cached_property
 from codegen import families
 from codegen.config import Config
 from codegen.family import Family, Tile
-from codegen.score_mods import SCORE_MODS
+from codegen.masks import MASKS, MaskKind
+from codegen.score_mods import SCORE_MODS, ScoreModKind
+from codegen.variants import Variant
 
 
 @dataclass(frozen=True, order=True)
@@ -18,9 +20,10 @@ class KernelSpec:
     arch: str       # "sm_90": the gencode target and the config table the tile came from
     dtype: str      # "fp16" | "bf16"
     head_dim: int
-    mask: str       # "none" | "causal": codegen/masks.py
+    mask: str       # "none" | "causal" | "window" (codegen/masks.py) | a variant's name
     tile: Tile      # the kind's tile (its fields are the config keys)
-    score_mod: str = "none"  # codegen/score_mods.py
+    score_mod: str = "none"  # codegen/score_mods.py, or a variant's name
+    variant: Variant | None = None  # the config-defined variant whose mask or score mod it runs
 
     @cached_property
     def name(self) -> str:
@@ -35,6 +38,18 @@ class KernelSpec:
     def family_record(self) -> Family:
         return families.FAMILIES[self.family]
 
+    @property
+    def mask_kind(self) -> MaskKind:
+        if self.variant is not None and self.mask == self.variant.name:
+            return self.variant.mask_kind
+        return MASKS[self.mask]
+
+    @property
+    def score_mod_kind(self) -> ScoreModKind:
+        if self.variant is not None and self.score_mod == self.variant.name:
+            return self.variant.score_mod_kind
+        return SCORE_MODS[self.score_mod]
+
 
 KINDS = ("fwd", "bwd", "decode")
 
@@ -42,15 +57,33 @@ KINDS = ("fwd", "bwd", "decode")
 def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
     """Every spec of the config, unsorted: each (family, kind, arch, head dim, mask)'s tiles in
     the config's order (with alt_tiles=False only the main one), for every dtype and each score
-    modifier its kind takes."""
+    modifier its kind takes; then each config-defined variant's (variant_axes)."""
     return [
-        KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod)
+        KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod, variant)
         for (family, kind, arch, head_dim), _ in config.tiles
-        for mask in config.masks
-        for score_mod in config.score_mods if kind in SCORE_MODS[score_mod].kinds
-        for tile in config.tiles_of(family, kind, arch, head_dim, mask)[:None if alt_tiles else 1]
+        for variant, masks, score_mods in variant_axes(config)
+        if variant is None or kind in VARIANT_KINDS and (not variant.head_dims
+                                                         or head_dim in variant.head_dims)
+        for mask in masks
+        for score_mod in score_mods if variant or kind in SCORE_MODS[score_mod].kinds
+        for tile in config.tiles_of(family, kind, arch, head_dim,
+                                    mask if mask in MASKS else None)[:None if alt_tiles else 1]
         for dtype in config.dtypes
     ]
+
+
+VARIANT_KINDS = ("fwd", "bwd")  # the kinds a config-defined variant builds
+
+
+def variant_axes(config: Config):
+    """(variant, masks, score modifiers) of the config's kernels: the built-in ones (variant
+    None), then per variant its own mask (with no score modifier, or its own), or, for a score
+    modifier alone, that modifier under each configured mask. A variant's kernels take the head
+    dim's main tiles (a mask's own tiles are for built-in masks)."""
+    yield None, config.masks, config.score_mods
+    for variant in config.variants:
+        score_mods = (variant.name,) if variant.score_mod else ("none",)
+        yield variant, (variant.name,) if variant.mask_mod else config.masks, score_mods
 
 
 def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, masks=None,

@@ -7,7 +7,7 @@ Importing the package is cheap; torch is imported when a function is first used.
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention",
-           "flash_attn_with_kvcache", "merge_attention_states", "__version__"]
+           "flash_attn_with_kvcache", "merge_attention_states", "block_mask", "__version__"]
 
 
 def __getattr__(name):
@@ -19,6 +19,10 @@ def __getattr__(name):
         from flashgen import inference
 
         return inference.flash_attn_with_kvcache
+    if name == "block_mask":
+        from flashgen import variants
+
+        return variants.block_mask
     if name == "merge_attention_states":
         from flashgen import merge
 

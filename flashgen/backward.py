@@ -10,18 +10,18 @@ import torch
 
 from codegen.arch import arch_for_capability
 from codegen.masks import Band
-from codegen.score_mods import score_mod_of
+from codegen.score_mods import PLAIN, Modifiers
 from flashgen import families, launch, loader, registry
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band: Band,
              deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=0, max_seqlen_k=0, *, softcap: float = 0.0):
+             max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN):
     """dq, dk, dv with the shapes of q, k, v.
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
-    mask, band and softcap as in the forward. deterministic=True gives bit-identical gradients
+    mask, band and scores as in the forward. deterministic=True gives bit-identical gradients
     across runs. The gradients are allocated as the forward's output is (launch.empty_output):
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
@@ -33,7 +33,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
     launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
-                                        score_mod_of(softcap))
+                                        mods.score_mod)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
@@ -41,7 +41,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         inputs = launch.aligned(q, k, v, out, dout,
                                 tma=launcher.spec.family_record.tma_inputs)
         work = grads
-    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, softcap)
+    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, mods)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
@@ -49,13 +49,13 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
 
 
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
-        band: Band, deterministic: bool, varlen: tuple = (), softcap: float = 0.0) -> None:
+        band: Band, deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN) -> None:
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views; its family
     decides its grids and workspaces. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views."""
     spec = launcher.spec
     args, scratch = families.runtime(spec.family).backward_args(
-        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, softcap)
+        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods)
     launch.call_on_device(loader.binding().bwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
     del scratch  # queued: the caching allocator reuses it in stream order

@@ -31,10 +31,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="target GPU arch; repeat for several")
         p.add_argument("--head-dim", type=int, action="append", help="only these head dims")
         p.add_argument("--dtype", action="append", choices=DTYPES, help="only these dtypes")
-        p.add_argument("--mask", action="append", choices=sorted(MASKS),
-                       help="only kernels of these mask kinds")
-        p.add_argument("--score-mod", action="append", choices=sorted(SCORE_MODS),
-                       help="only kernels of these score modifiers")
+        p.add_argument("--mask", action="append", metavar="MASK",
+                       help=f"only kernels of these mask kinds ({', '.join(sorted(MASKS))}, or "
+                            f"a config-defined variant's mask)")
+        p.add_argument("--score-mod", action="append", metavar="SCORE_MOD",
+                       help=f"only kernels of these score modifiers "
+                            f"({', '.join(sorted(SCORE_MODS))}, or a variant's)")
         p.add_argument("--kind", action="append", choices=KINDS,
                        help="only forward (fwd) or backward (bwd) kernels (default: both)")
         p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),

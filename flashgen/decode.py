@@ -15,7 +15,7 @@ from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
 from codegen.masks import Band
 from codegen.params import WINDOW_UNBOUNDED
-from codegen.score_mods import score_fields
+from codegen.score_mods import PLAIN
 from flashgen import dispatch, forward, launch, loader, registry
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
@@ -116,7 +116,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     args = params.decode_args(
         q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
         heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity,
-        **score_fields(scale), **band.fields(), num_splits=num_splits,
+        **PLAIN.fields(scale), **band.fields(), num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
         cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),

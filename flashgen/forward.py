@@ -11,22 +11,22 @@ import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
-from codegen.masks import MASKS, Band
-from codegen.score_mods import score_fields, score_mod_of
+from codegen.masks import Band
+from codegen.score_mods import PLAIN, Modifiers
 from codegen.spec import KernelSpec
 from flashgen import families, launch, loader, registry
 
 
 def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
             cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-            max_seqlen_q=0, max_seqlen_k=0, *, softcap: float = 0.0):
+            max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN):
     """out (q's shape and dtype, laid out by launch.empty_output) and lse (batch, heads,
     seqlen_q) fp32.
 
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
-    i + band.offset - band.left <= j <= i + band.offset + band.right. softcap > 0 caps the scores
-    (codegen/score_mods.py). With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
+    i + band.offset - band.left <= j <= i + band.offset + band.right. scores: the score
+    modifier and its arguments (codegen/score_mods.py). With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
     variable-length batch packed as (1, total, heads, dim), its longest sequences max_seqlen_q and
     max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).
     seqused_k and page_table are the op schema's room for layouts not implemented here.
@@ -44,7 +44,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
         batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
         q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
-        "dense" if sequences is None else "varlen", score_mod_of(softcap))
+        "dense" if sequences is None else "varlen", mods.score_mod)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -61,7 +61,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
         q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
         o = out
 
-    run(launcher, q, k, v, o, lse, scale, band, fields, sequences, softcap=softcap)
+    run(launcher, q, k, v, o, lse, scale, band, fields, sequences, mods=mods)
     if o is not out:
         out.copy_(o[..., :head_dim])
     return out, lse
@@ -78,7 +78,7 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
 
 def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fields: dict,
         sequences: tuple | None = None, batch: int | None = None,
-        seqlen_k: int | None = None, softcap: float = 0.0) -> None:
+        seqlen_k: int | None = None, mods: Modifiers = PLAIN) -> None:
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
     tensors' device and its current stream; fields: its family's own FwdParams fields (a KV
     cache's among them). sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k
@@ -97,10 +97,10 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
     # The launcher zeroes it (when its grid claims tiles); freed after the launch is queued, the
     # caching allocator reuses it in stream order.
     counter = (torch.empty(1, dtype=torch.int32, device=q.device)
-               if spec.family_record.tile_counter and MASKS[spec.mask].hides_keys else None)
+               if spec.family_record.tile_counter and spec.mask_kind.hides_keys else None)
     args = params.fwd_args(q=q, k=k, v=v, o=o, softmax_lse=lse.data_ptr(), batch=batch,
                            heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                           **score_fields(scale, softcap), **band.fields(),
+                           **mods.fields(scale), **band.fields(),
                            cu_seqlens_q=cu_seqlens_q,
                            cu_seqlens_k=cu_seqlens_k,
                            tile_counter=0 if counter is None else counter.data_ptr(),
@@ -115,6 +115,16 @@ def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
     return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, reads,
                  score_mod)[0].spec
+
+
+def launcher_for(q, dtype: str, mask: str, score_mod: str, varlen: tuple = ()) -> loader.Launcher:
+    """The launcher of the forward that a call on q (batch, seq, heads, dim) runs; varlen: a
+    variable-length batch's (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    batch, seqlen_q, heads, head_dim = q.shape
+    if varlen:
+        batch, seqlen_q = varlen[0].shape[0] - 1, varlen[2]
+    return _plan(q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
+                 "varlen" if varlen else "dense", score_mod)[0]
 
 
 def clear_plans() -> None:

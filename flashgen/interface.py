@@ -6,12 +6,14 @@ from __future__ import annotations
 import torch
 
 from codegen.masks import Band
-from flashgen import ops, validate
+from codegen.score_mods import PLAIN
+from flashgen import ops, validate, variants
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False):
+                    return_attn_probs=False, *, variant=None, variant_tensors=None,
+                    block_mask=None):
     """Exact attention, FlashAttention-2's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), with
@@ -20,16 +22,24 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     contiguous. window_size=(left, right) limits query i to keys i + seqlen_k - seqlen_q - left
     .. i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right to 0), and the key blocks
     outside the window are never read. softcap > 0 replaces each scaled score s by
-    softcap * tanh(s / softcap). The causal mask is aligned to the bottom-right corner of the
+    softcap * tanh(s / softcap). alibi_slopes, fp32 (nheads,) or (batch, nheads), adds
+    -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (not with
+    softcap; the slopes get no gradient). The causal mask is aligned to the bottom-right corner of the
     score matrix. Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
     softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
     output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it
     does not require grad). The forward is deterministic; deterministic=True makes the backward
     bit-reproducible too.
+
+    variant="name" runs a variant the config defines (codegen/variants.py: a mask_mod and/or a
+    score_mod in C++), variant_tensors={name: tensor} the tensors it reads; a variant with a
+    mask_mod decides visibility alone (causal and window_size off), and block_mask (from
+    flashgen.block_mask) spares each call the pass that finds its key blocks. The variant's
+    tensors get no gradient.
     """
-    if dropout_p != 0.0 or alibi_slopes is not None:
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0), alibi_slopes=(alibi_slopes, None))
+    if dropout_p != 0.0:
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
     q, k, v = _autocast(q, k, v)
     if not validate.passes_tensor_checks(q, k, v, heads_axis=2):
         validate.check_tensors(("q", "k", "v"), q, k, v)
@@ -38,18 +48,26 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     seqlen_k = k.shape[1]
     scale = validate.check_scale(softmax_scale, head_dim)
     if window_size == (-1, -1):  # the common call: no window to check
-        mask, band = ("causal", Band(seqlen_k - seqlen_q)) if causal else ("none", Band())
+        mask, band = ("causal" if causal else "none"), Band(seqlen_k - seqlen_q)
     else:
         mask, band = validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
+    mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
+            if softcap or alibi_slopes is not None else PLAIN)
+    if variant is not None:
+        mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q, k,
+                                            q.shape[0], seqlen_q, seqlen_k, mask, band, mods)
+    elif variant_tensors is not None or block_mask is not None:
+        raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
-                             softcap=validate.check_softcap(softcap) if softcap else 0.0)
+                             mods=mods)
     return (out, lse, None) if return_attn_probs else out
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None):
+                           return_attn_probs=False, block_table=None, *, variant=None,
+                           variant_tensors=None, block_mask=None):
     """Exact attention over a batch of sequences of different lengths, FlashAttention-2's
     interface.
 
@@ -58,13 +76,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     first row and then the total (sequences may be empty); max_seqlen_q, max_seqlen_k: ints at
     least the longest lengths (nothing past them is computed; FLASHGEN_DEBUG_CHECKS=1 checks the
     device values). Each sequence's causal mask and window_size are aligned bottom-right;
-    softcap as in flash_attn_func. Returns out (total_q,
+    softcap, alibi_slopes and a variant as in flash_attn_func (a variant sees positions within
+    each sequence and b the sequence's index). Returns out (total_q,
     nheads, headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
     total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
     on the host.
     """
-    if dropout_p != 0.0 or alibi_slopes is not None:
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0), alibi_slopes=(alibi_slopes, None))
+    if dropout_p != 0.0:
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
     if block_table is not None:
         raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
                                   "flash_attn_with_kvcache reads paged caches")
@@ -89,9 +108,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     # which bounds hide nothing for any sequence.
     mask, band = validate.band(causal, window_size, max_seqlen_q, max_seqlen_k,
                                max_seqlen_k - max_seqlen_q)
+    varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch = cu_seqlens_q.shape[0] - 1
+    mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
+    if variant is not None:
+        mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q4, k4, batch,
+                                            max_seqlen_q, max_seqlen_k, mask, band, mods, varlen)
+    elif variant_tensors is not None or block_mask is not None:
+        raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
-                             varlen=(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k),
-                             softcap=validate.check_softcap(softcap))
+                             varlen=varlen, mods=mods)
     out = out.squeeze(0)
     return (out, lse.squeeze(0), None) if return_attn_probs else out
 

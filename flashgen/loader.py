@@ -22,6 +22,9 @@ class Launcher:
     address: int               # extern "C" int <spec.name>(const FwdParams*, void* stream)
     error_string_address: int  # extern "C" const char* flashgen_error_string(int)
     library: ctypes.CDLL       # keeps the library loaded
+    # extern "C" int flashgen_mask_ranges(const AttentionParams*, void* stream) of a
+    # config-defined mask's kernels (common/variant.cuh); 0 in others
+    mask_ranges_address: int = 0
 
 
 def _log(message: str) -> None:
@@ -69,4 +72,7 @@ def _load(spec: KernelSpec) -> Launcher:
     library = ctypes.CDLL(str(entry.lib))
     address = ctypes.cast(getattr(library, spec.name), ctypes.c_void_p).value
     error_string = ctypes.cast(library.flashgen_error_string, ctypes.c_void_p).value
-    return Launcher(spec, address, error_string, library)
+    mask_ranges = 0
+    if spec.variant is not None and spec.variant.mask_mod:
+        mask_ranges = ctypes.cast(library.flashgen_mask_ranges, ctypes.c_void_p).value
+    return Launcher(spec, address, error_string, library, mask_ranges)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from codegen import params
 from codegen.masks import Band
-from flashgen import backward, decode, forward, launch
+from codegen.score_mods import Modifiers
+from flashgen import backward, decode, forward, launch, variants
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the
@@ -24,21 +26,35 @@ from flashgen.validate import SUPPORTED_DTYPES
 # for their inputs (its default for custom ops differs across torch versions).
 _TAGS = (torch.Tag.pt2_compliant_tag, torch.Tag.needs_fixed_stride_order)
 _LIBRARY = torch.library.Library("flashgen", "DEF")
+# A variant's tensors as separate optional arguments (params.h's slots): a Tensor[] argument would
+# make autograd match gradients to the arguments as the caller passed them, defaults left out.
+_VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
+                                    for i in range(params.VARIANT_TENSORS))
 # mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
-# band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores (codegen/score_mods.py).
+# band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores, alibi_slopes (fp32
+# (heads,) or (batch, heads)) bias them; variant names a config-defined variant (or ""), with its
+# tensors and its mask's block ranges (codegen/score_mods.py's Modifiers, flashgen/variants.py).
 # cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
 # total rows, heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the
 # kernels refuse until they exist.
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
-                "int window_left, int window_right, float softcap, bool deterministic, "
-                "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+                "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+                "str variant, " + _VARIANT_TENSOR_ARGUMENTS + "Tensor? mask_ranges, "
+                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
                 "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
                 "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)", tags=_TAGS)
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                 "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-                "float softcap, bool deterministic, bool heads_first, "
+                "float softcap, Tensor? alibi_slopes, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
+                "Tensor? mask_ranges, bool deterministic, bool heads_first, "
                 "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
                 "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
+
+# A config-defined variant's mask ranges (flashgen/variants.py) for q and k as passed to fwd, a
+# variable-length batch's sizes with them.
+_LIBRARY.define("mask_ranges(str variant, Tensor q, Tensor k, Tensor[] variant_tensors, "
+                "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
+                "SymInt max_seqlen_k=0) -> Tensor", tags=_TAGS)
 
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
 # caches in place at cache_seqlens; the queries see the band window_left .. window_right around
@@ -52,20 +68,62 @@ _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, T
 
 
 def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
-              heads_first: bool, varlen: tuple = (), softcap: float = 0.0):
+              heads_first: bool, varlen: tuple = (), mods: Modifiers = Modifiers()):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
-    dtype; band: the mask's run-time arguments; softcap > 0 caps the scores. Differentiable in
+    dtype; band: the mask's run-time arguments; scores: the score modifier's. Differentiable in
     q, k and v (not through lse); deterministic only concerns the backward, which it makes
     bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a
     variable-length batch packed into (1, total, heads, dim) views."""
-    arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, softcap,
-                 deterministic, heads_first)
+    variant = mods.variant
+    arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, mods.softcap,
+                 mods.alibi_slopes, "" if variant is None else variant.name,
+                 *_slots(mods.variant_tensors), mods.mask_ranges, deterministic, heads_first)
     if varlen:
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
         arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
     if _runs_plain_eager((q, k, v)):
         return _fwd_cuda(*arguments)
     return torch.ops.flashgen.fwd.default(*arguments)
+
+
+def mask_ranges(variant: str, q, k, tensors: tuple, varlen: tuple = ()):
+    """flashgen::mask_ranges(...): a variant's mask ranges for q and k (batch, seq, heads, dim)
+    as passed to fwd; varlen as in attention()."""
+    arguments = (variant, q, k, list(tensors), *varlen)
+    if _runs_plain_eager((q, k, *tensors)):
+        return _mask_ranges_cuda(*arguments)
+    return torch.ops.flashgen.mask_ranges.default(*arguments)
+
+
+def _mask_ranges_cuda(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=0, max_seqlen_k=0):
+    v = variants.resolve(variant)
+    varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k)
+    launcher = forward.launcher_for(q, SUPPORTED_DTYPES[q.dtype], v.name,
+                                    v.name if v.score_mod else "none", varlen)
+    return variants.compute_mask_ranges(v, q, k, tuple(tensors), varlen, launcher)
+
+
+def _mask_ranges_fake(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=None,
+                      max_seqlen_q=0, max_seqlen_k=0):
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    if cu_seqlens_q is not None:
+        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
+    groups = (seqlen_q + variants.MASK_RANGE_ROWS - 1) // variants.MASK_RANGE_ROWS
+    return q.new_empty((batch, groups, 4), dtype=torch.int32)
+
+
+def _slots(tensors: tuple) -> tuple:
+    """A variant's tensors as the ops' variant_tensor0.. arguments."""
+    return (*tensors, *(None,) * (params.VARIANT_TENSORS - len(tensors)))
+
+
+def _modifiers(softcap, alibi_slopes, variant, variant_tensors, mask_ranges) -> Modifiers:
+    if not variant:
+        return Modifiers(softcap, alibi_slopes)
+    tensors = tuple(t for t in variant_tensors if t is not None)
+    return Modifiers(softcap, alibi_slopes, variants.resolve(variant), tensors, mask_ranges)
 
 
 def _runs_plain_eager(tensors) -> bool:
@@ -99,39 +157,56 @@ def _fwd_kvcache_fake(q, *_):
 
 
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              deterministic, heads_first, *layout):
+              alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
+              heads_first, *layout):
     return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
                            Band(mask_offset, window_left, window_right), heads_first, *layout,
-                           softcap=softcap)
+                           mods=_modifiers(softcap, alibi_slopes, variant,
+                                           (vt0, vt1, vt2, vt3), mask_ranges))
 
 
 def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              deterministic, heads_first, *layout):
+              alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
+              heads_first, *layout):
     return forward.empty_outputs(q, heads_first)
 
 
 def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, deterministic, heads_first, *layout):
+              softcap, alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
+              heads_first, *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
     return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
                              Band(mask_offset, window_left, window_right), deterministic,
-                             heads_first, *layout, softcap=softcap)
+                             heads_first, *layout,
+                             mods=_modifiers(softcap, alibi_slopes, variant,
+                                             (vt0, vt1, vt2, vt3), mask_ranges))
 
 
 def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, deterministic, heads_first, *layout):
+              softcap, alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
+              heads_first, *layout):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
     return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
+
+
+# flashgen::fwd's arguments scale (3) to heads_first (17) are bwd's too, in its order; among them
+# (counted from scale) the tensors alibi_slopes, variant_tensor0..3 and mask_ranges.
+_SHARED = slice(3, 18)
+_SHARED_TENSORS = (6, 8, 9, 10, 11, 12)
+_FWD_ARGUMENTS = 24
 
 
 def _save_for_backward(ctx, inputs, output):
     q, k, v = inputs[:3]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.arguments = inputs[3:11]  # scale ... heads_first, in bwd's order
+    shared = list(inputs[_SHARED])
+    ctx.save_for_backward(q, k, v, out, lse, *(shared[i] for i in _SHARED_TENSORS))
+    for i in _SHARED_TENSORS:  # saved above
+        shared[i] = None
+    ctx.arguments = shared
     # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
-    ctx.varlen = (*inputs[11:13], *inputs[15:17]) if len(inputs) > 11 else ()
+    ctx.varlen = (*inputs[18:20], *inputs[22:24]) if len(inputs) > 18 else ()
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
@@ -140,11 +215,14 @@ def _save_for_backward(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    no_gradient = (None,) * 17  # one per flashgen::fwd argument
+    no_gradient = (None,) * _FWD_ARGUMENTS
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
-    q, k, v, out, lse = ctx.saved_tensors
-    arguments = (dout, q, k, v, out, lse, *ctx.arguments, *ctx.varlen)
+    q, k, v, out, lse, *tensors = ctx.saved_tensors
+    shared = list(ctx.arguments)
+    for i, tensor in zip(_SHARED_TENSORS, tensors):
+        shared[i] = tensor
+    arguments = (dout, q, k, v, out, lse, *shared, *ctx.varlen)
     if _runs_plain_eager(arguments[:6]):
         dq, dk, dv = _bwd_cuda(*arguments)
     else:
@@ -165,6 +243,8 @@ _LIBRARY.impl("fwd_kvcache", decode.decode, "CUDA")
 torch.library.register_fake("flashgen::fwd", _fwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::bwd", _bwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::fwd_kvcache", _fwd_kvcache_fake, lib=_LIBRARY)
+_LIBRARY.impl("mask_ranges", _mask_ranges_cuda, "CUDA")
+torch.library.register_fake("flashgen::mask_ranges", _mask_ranges_fake, lib=_LIBRARY)
 torch.library.register_autograd("flashgen::fwd", _fwd_backward, setup_context=_save_for_backward,
                                 lib=_LIBRARY)
 torch.library.register_autograd("flashgen::bwd", _no_double_backward, lib=_LIBRARY)

@@ -8,12 +8,16 @@ import torch
 
 
 def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True,
-                  window_size=(-1, -1), softcap=0.0):
+                  window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                  score_bias=None, visible=None):
     """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
     (batch, seqlen_k, heads_kv, dim). Causal: query row i sees key j iff j <= i + causal_offset
     (default seqlen_k - seqlen_q: bottom-right). window_size=(left, right), -1 unbounded:
     FlashAttention-2's sliding window, i + offset - left <= j <= i + offset + right (causal sets
     right to 0). softcap > 0: each scaled score s becomes softcap * tanh(s / softcap).
+    alibi_slopes (heads,) or (batch, heads): adds -slope * |i + seqlen_k - seqlen_q - j|.
+    score_bias: added to the scaled scores; visible: a boolean mask (both broadcastable to
+    (batch, heads, seqlen_q, seqlen_k)), a config-defined variant's in Python.
     upcast=True computes in fp32 (the reference);
     upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
     would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
@@ -35,6 +39,14 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     offset = seqlen_k - seqlen_q if causal_offset is None else causal_offset
     row = torch.arange(seqlen_q, device=q.device).view(-1, 1)
     col = torch.arange(seqlen_k, device=q.device).view(1, -1)
+    if alibi_slopes is not None:
+        slopes = alibi_slopes.float().expand(scores.shape[0], heads)[:, :, None, None]
+        distance = (row + seqlen_k - seqlen_q - col).abs()
+        scores = scores - slopes * distance
+    if score_bias is not None:
+        scores = scores + score_bias
+    if visible is not None:
+        scores = scores.masked_fill(~visible, -math.inf)
     if right >= 0:
         scores = scores.masked_fill(col > row + offset + right, -math.inf)
     if left >= 0:

@@ -159,3 +159,34 @@ def check_softcap(softcap) -> float:
         raise ValueError(f"flashgen: softcap must be a finite number >= 0 (0: no capping), got "
                          f"{softcap!r}")
     return float(softcap)
+
+
+def modifiers(softcap, alibi_slopes, q, batch: int):
+    """The call's score modifier (codegen/score_mods.py's Modifiers) from FlashAttention-2's softcap
+    and alibi_slopes: an fp32 tensor of shape (nheads,) or (batch, nheads) on q's device, its
+    last dimension contiguous. q: (batch, seq, nheads, headdim) as the kernels see it."""
+    from codegen.score_mods import PLAIN, Modifiers
+
+    softcap = check_softcap(softcap) if softcap else 0.0
+    if alibi_slopes is None:
+        return Modifiers(softcap) if softcap else PLAIN
+    if softcap:
+        raise NotImplementedError("flashgen: softcap and alibi_slopes together are not supported; "
+                                  "pass one of them")
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"flashgen: alibi_slopes must be a torch.Tensor, got "
+                        f"{type(alibi_slopes).__name__}")
+    heads = q.shape[2]
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"flashgen: alibi_slopes must be float32, got {alibi_slopes.dtype}; pass "
+                        f"alibi_slopes.float()")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"flashgen: alibi_slopes is on {alibi_slopes.device}, q on {q.device}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(f"flashgen: alibi_slopes must have shape (nheads,) = ({heads},) or "
+                         f"(batch, nheads) = ({batch}, {heads}), got "
+                         f"{tuple(alibi_slopes.shape)}")
+    if alibi_slopes.stride(-1) != 1:
+        alibi_slopes = alibi_slopes.contiguous()
+    return Modifiers(alibi_slopes=alibi_slopes)
+

@@ -54,10 +54,14 @@ auto binding(std::tuple<Fields&...> (*fields)(Params&)) {
   };
 }
 
-// Every member of FwdParams, BwdParams and DecodeParams as a tuple of references, in params.h's order (the
+// Every member of AttentionParams, FwdParams, BwdParams and DecodeParams as a tuple of references,
+// in params.h's order (the
 // X-macro lists that codegen/params.py writes beside the structs), which is the order Python
 // passes them in (codegen.params.fwd_args, bwd_args).
 #define FLASHGEN_TIE(name) , std::tie(p.name)
+auto attention_members(flashgen::AttentionParams& p) {
+  return std::tuple_cat(std::tuple<>() FLASHGEN_ATTENTIONPARAMS_MEMBERS(FLASHGEN_TIE));
+}
 auto fwd_members(flashgen::FwdParams& p) {
   return std::tuple_cat(std::tuple<>() FLASHGEN_FWDPARAMS_MEMBERS(FLASHGEN_TIE));
 }
@@ -73,6 +77,7 @@ auto decode_members(flashgen::DecodeParams& p) {
 
 PYBIND11_MODULE(_flashgen_binding, m) {
   m.doc() = "flashgen's launcher binding (no torch, no CUDA headers)";
+  m.def("attention", binding(&attention_members));  // a variant's mask ranges
   m.def("fwd", binding(&fwd_members));
   m.def("bwd", binding(&bwd_members));
   m.def("decode", binding(&decode_members));

@@ -25,7 +25,7 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 from codegen import build, params, paths  # noqa: E402
 from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
-from codegen.masks import Band  # noqa: E402
+from codegen.masks import MASKS, Band  # noqa: E402
 from flashgen import backward, decode, forward, launch, loader  # noqa: E402
 from flashgen.families import mma  # noqa: E402
 from flashgen.families.mma import schedule  # noqa: E402
@@ -60,10 +60,12 @@ def built_binding(tmp_path_factory):
 class RecordingLauncher:
     """A loader.Launcher stand-in whose address calls back into Python: keeps a copy of the params
     and the stream of each launch, and returns `error` (0: success). `spec`: the KernelSpec
-    fields the caller reads."""
+    fields the caller reads (a mask brings its kind)."""
 
     def __init__(self, params_type, error: int = 0, **spec):
         self.launches = []
+        if "mask" in spec:
+            spec["mask_kind"] = MASKS[spec["mask"]]
         self.spec = SimpleNamespace(**spec)
 
         def launch(params, stream):
@@ -121,7 +123,15 @@ def problem_fields(q, k, scale, band) -> dict:
     return dict(batch=batch, heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, softmax_scale=scale,
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
-                **band.fields(), softcap=0.0, cu_seqlens_q=None, cu_seqlens_k=None)
+                **band.fields(), softcap=0.0, alibi_slopes=None, alibi_batch_stride=0,
+                mask_ranges=None, **NO_VARIANT_TENSORS, cu_seqlens_q=None, cu_seqlens_k=None)
+
+
+# Unused variant tensor slots: null, every size 1.
+NO_VARIANT_TENSORS = {
+    name: value for i in range(params.VARIANT_TENSORS)
+    for name, value in [(f"variant_tensor{i}", None),
+                        *((f"variant_size{i}_{d}", 1) for d in range(params.VARIANT_RANK))]}
 
 
 def ctypes_fields(declaration: str) -> list[tuple[str, type]]:

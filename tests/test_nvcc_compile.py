@@ -1,9 +1,12 @@
 """nvcc compiles one spec of each family, kind and arch target to object files (the hopper kernels
-for sm_90a, with ptxas warnings as errors), half of them with the softcap score modifier: catches
-template errors on machines without a GPU. The slowest CPU test (about a minute per kernel per
-core, seven kernels)."""
+for sm_90a, with ptxas warnings as errors), half of them with the softcap score modifier, plus one
+with ALiBi and one config-defined variant (the default config's document mask): catches template
+errors on machines without a GPU. The slowest CPU test (about a minute per kernel per core, nine
+kernels). A variant's snippets compile alone first, and a broken one names its table."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -24,15 +27,33 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
     plain = {("mma", "fwd", "sm_90"), ("mma", "bwd", "sm_80")}
     specs = [s for s in enumerate_specs(config, head_dims=[96], dtypes=["bf16"],
                                         masks=["causal"])
-             if (s.score_mod == "none") == ((s.family, s.kind, s.arch) in plain)]
+             if s.score_mod in ("none", "softcap")
+             and (s.score_mod == "none") == ((s.family, s.kind, s.arch) in plain)]
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["causal"],
                              kinds=["bwd"], family_names=["hopper"])
-    assert sorted((s.family, s.kind, s.arch, s.score_mod) for s in specs) == [
-        ("hopper", "bwd", "sm_90", "none"), ("hopper", "bwd", "sm_90", "softcap"),
-        ("hopper", "fwd", "sm_90", "softcap"), ("mma", "bwd", "sm_80", "none"),
-        ("mma", "bwd", "sm_90", "softcap"), ("mma", "fwd", "sm_80", "softcap"),
-        ("mma", "fwd", "sm_90", "none")]
+    specs += enumerate_specs(config, head_dims=[96], dtypes=["bf16"], masks=["causal"],
+                             kinds=["bwd"], archs=["sm_80"], score_mods=["alibi"])
+    specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["document"],
+                             kinds=["fwd"], family_names=["hopper"])
+    assert sorted((s.family, s.kind, s.arch, s.mask, s.score_mod) for s in specs) == [
+        ("hopper", "bwd", "sm_90", "causal", "none"),
+        ("hopper", "bwd", "sm_90", "causal", "softcap"),
+        ("hopper", "fwd", "sm_90", "causal", "softcap"),
+        ("hopper", "fwd", "sm_90", "document", "none"),
+        ("mma", "bwd", "sm_80", "causal", "alibi"), ("mma", "bwd", "sm_80", "causal", "none"),
+        ("mma", "bwd", "sm_90", "causal", "softcap"),
+        ("mma", "fwd", "sm_80", "causal", "softcap"), ("mma", "fwd", "sm_90", "causal", "none")]
     build.build(specs, objects_only=True)
     for spec in specs:
         objects = list((tmp_path / spec.arch / ".build" / "obj").glob(f"{spec.name}-*.o"))
         assert len(objects) == 1 and objects[0].stat().st_size > 10_000
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc is not installed")
+def test_a_broken_variant_snippet_fails_with_its_table_and_the_compiler_message():
+    config = load_config(paths.DEFAULT_CONFIG)
+    spec = enumerate_specs(config, masks=["document"])[0]
+    broken = dataclasses.replace(spec.variant, mask_mod="doc_ids(b, q_idx) == undefined_name")
+    with pytest.raises(build.BuildError, match=r"(?s)\[variants\.document\] does not compile.*"
+                                               r"identifier \"undefined_name\" is undefined"):
+        build.build([dataclasses.replace(spec, variant=broken)], objects_only=True)

@@ -21,6 +21,8 @@ from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
+# The ops' variant arguments of a call without one: no name, four tensor slots, mask ranges.
+NO_VARIANT = ("", None, None, None, None, None)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
 SHAPES = [(2, 17, 33, 8, 2, 64), (1, 1, 1, 4, 4, 32), (3, 40, 9, 6, 1, 128), (2, 0, 5, 2, 2, 64)]
 
@@ -49,14 +51,19 @@ def expected_strides(shape, heads_first):
 def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(FWD._schema) == (
         "flashgen::fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
-        "int window_left, int window_right, float softcap, bool deterministic, "
-        "bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+        "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+        "str variant, Tensor? variant_tensor0, Tensor? variant_tensor1, "
+        "Tensor? variant_tensor2, Tensor? variant_tensor3, Tensor? mask_ranges, "
+        "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
         "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
         "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-        "float softcap, bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
+        "float softcap, Tensor? alibi_slopes, str variant, Tensor? variant_tensor0, "
+        "Tensor? variant_tensor1, Tensor? variant_tensor2, Tensor? variant_tensor3, "
+        "Tensor? mask_ranges, bool deterministic, bool heads_first, "
+        "Tensor? cu_seqlens_q=None, "
         "Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
         "-> (Tensor dq, Tensor dk, Tensor dv)")
     for op in (FWD, BWD):
@@ -74,8 +81,8 @@ def test_ops_are_registered_with_their_schemas_and_tags():
 def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
-        out, lse = FWD(q, k, v, 0.125, "causal", shape[2] - shape[1], UNBOUNDED, 0, 0.0, False,
-                       heads_first)
+        out, lse = FWD(q, k, v, 0.125, "causal", shape[2] - shape[1], UNBOUNDED, 0, 0.0, None,
+                       *NO_VARIANT, False, heads_first)
     batch, seqlen_q, _, heads, _, _ = shape
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
     assert out.stride() == expected_strides(q.shape, heads_first)
@@ -88,9 +95,10 @@ def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
 def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
-        out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, False, heads_first)
+        out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False,
+                       heads_first)
         grads = BWD(torch.randn_like(out), q, k, v, out, lse, 0.125, "none", 0, UNBOUNDED, 0,
-                    0.0, True, heads_first)
+                    0.0, None, *NO_VARIANT, True, heads_first)
     for grad, t in zip(grads, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype and grad.device == t.device
         assert grad.stride() == expected_strides(t.shape, heads_first)
@@ -228,8 +236,8 @@ def test_dynamo_traces_both_functions_into_one_graph():
         program = torch.export.export(TwoAttentions(), (q, k, v), strict=True)
     calls = flashgen_calls(program.graph)
     assert [call[3:] for call in calls] == [
-        (0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, False),
-        (0.125, "causal", 0, UNBOUNDED, 0, 0.0, False, True)]
+        (0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, False),
+        (0.125, "causal", 0, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, True)]
 
 
 def test_dynamo_keeps_the_causal_offset_symbolic_for_dynamic_seqlens():
@@ -258,9 +266,9 @@ def reference_kernels(monkeypatch):
     backward.backward replaced by the fp32 reference; records what they are called with."""
     calls = {"forward": [], "backward": []}
 
-    def reference_forward(q, k, v, dtype, scale, mask, band, heads_first, *layout, softcap):
+    def reference_forward(q, k, v, dtype, scale, mask, band, heads_first, *layout, mods):
         assert all(t is None for t in layout)  # no variable-length or paged arguments
-        assert softcap == 0.0
+        assert mods.score_mod == "none"
         calls["forward"].append(dict(q=q, k=k, v=v, dtype=dtype, scale=scale, mask=mask,
                                      band=band, heads_first=heads_first))
         assert band.left == UNBOUNDED and band.right == 0  # causal: the reference's mask
@@ -269,8 +277,8 @@ def reference_kernels(monkeypatch):
         return out.copy_(out_ref), lse.copy_(lse_ref)
 
     def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, band, deterministic,
-                           heads_first, *layout, softcap):
-        assert all(t is None for t in layout) and softcap == 0.0
+                           heads_first, *layout, mods):
+        assert all(t is None for t in layout) and mods.score_mod == "none"
         calls["backward"].append(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dtype=dtype,
                                       scale=scale, mask=mask, band=band,
                                       deterministic=deterministic, heads_first=heads_first))
@@ -384,11 +392,12 @@ def test_opcheck(reference_kernels, heads_first):
     """Schema, autograd registration, fake against real strides, and AOT autograd with dynamic
     shapes (what torch.compile does), for both ops."""
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    torch.library.opcheck(FWD, (q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, False,
-                                heads_first))
-    out, lse = FWD(q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, heads_first)
+    forward_args = (q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False,
+                    heads_first)
+    torch.library.opcheck(FWD, forward_args)
+    out, lse = FWD(*forward_args)
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                0.125, "causal", 16, UNBOUNDED, 0, 0.0, False, heads_first)
+                0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, heads_first)
     torch.library.opcheck(BWD, bwd_args, test_utils=("test_schema", "test_faketensor",
                                                      "test_aot_dispatch_dynamic"))
 

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from codegen import paths
+from codegen.masks import MASKS
 from flashgen.families.mma import schedule
 
 DECODER = """
@@ -96,7 +97,7 @@ def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, de
 
 
 def test_a_spec_has_a_rank_per_query_block():
-    spec = SimpleNamespace(tile=SimpleNamespace(block_m=128), mask="none")
+    spec = SimpleNamespace(tile=SimpleNamespace(block_m=128), mask_kind=MASKS["none"])
     assert schedule.for_spec(spec, 1000) == 8  # ceil(1000 / 128) query blocks, one round
 
 

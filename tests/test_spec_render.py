@@ -19,16 +19,25 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # Forward and backward kernels x 3 masks x 2 score modifiers (none, softcap): mma (2 kinds x
-    # 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head dims + 2
-    # backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma decode
-    # kernels, which take no score modifier: (2 archs x 2 head dims + 2 sm_90 alt tiles) x 2
-    # dtypes x 3 masks.
-    assert len(specs) == (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 2
-                          + (2 * 2 + 2) * 2 * 3)
+    # Forward and backward kernels x 3 masks x 3 score modifiers (none, softcap, alibi): mma (2
+    # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
+    # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
+    # decode kernels, which take no score modifier: (2 archs x 2 head dims + 2 sm_90 alt tiles) x
+    # 2 dtypes x 3 masks.
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 3 + (2 * 2 + 2) * 2 * 3)
+    # The config's variants at head dims 64 and 128, forward and backward, each of their masks
+    # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
+    # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
+    # hopper causal alt tile of head dim 64 x 2 dtypes for relative_bias.
+    variants = (2 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
+    assert len(specs) == built_in + variants
     assert len({s.name for s in specs}) == len(specs)
-    assert len([s for s in specs if s.arch == "sm_90"]) == ((2 * 6 + 3) * 2 * 3 + 46) * 2 + 24
+    sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
+    assert len([s for s in specs if s.arch == "sm_90"]) == (
+        ((2 * 6 + 3) * 2 * 3 + 46) * 3 + 24 + sm_90_variants)
     assert not any(s.kind == "decode" and s.score_mod != "none" for s in specs)
+    assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
+                                                            "relative_bias"}
 
 
 def test_name_encodes_every_compile_time_parameter(specs):
@@ -56,7 +65,10 @@ def test_filters():
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    assert len(specs) == (2 * 2 * 6 * 2 + 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 2
+    # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
+    # head dims
+    assert len(specs) == ((2 * 2 * 6 * 3 + 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 3
+                          + 5 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
@@ -65,7 +77,8 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
 @pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits"),
                                           ("decode", "FwdTraits")])
 def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
-    spec = next(s for s in specs if s.kind == kind and s.family == "mma")
+    spec = next(s for s in specs if s.kind == kind and s.family == "mma"
+                and s.score_mod == "none" and s.variant is None)
     text = render.render_spec(spec)
     assert text == render.render_spec(spec)
     assert f'extern "C" int {spec.name}(' in text
@@ -145,7 +158,8 @@ def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_score
 
 
 def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
-    spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128)
+    spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128
+                and s.score_mod == "none")
     text = render.render_spec(spec)
     assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
     assert ("flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask, flashgen::IdentityScore>"
@@ -167,11 +181,19 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
 
 def test_hopper_backward_renders_its_traits_and_launch():
     config = load_config(paths.DEFAULT_CONFIG)
-    plain, capped = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
-                                    head_dims=[128], dtypes=["bf16"], masks=["none"])
+    alibi, plain, biased, capped = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
+                                                   head_dims=[128], dtypes=["bf16"],
+                                                   masks=["none"])
     text = render.render_spec(plain)
     assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
     assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::IdentityScore>" in text
     assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Softcap>"
             in render.render_spec(capped))
+    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Alibi>"
+            in render.render_spec(alibi))
+    # a config-defined score modifier: its struct, then the launch that wraps it
+    biased_text = render.render_spec(biased)
+    assert "struct relative_bias {" in biased_text and "flashgen_mask_ranges" not in biased_text
+    assert ("launch_bwd<Traits, flashgen::NoMask, flashgen::VariantScore<"
+            "flashgen::variants::relative_bias>>" in biased_text)
     assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in text

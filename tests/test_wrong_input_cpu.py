@@ -25,11 +25,21 @@ def test_sdpa_cpu_tensors():
         scaled_dot_product_attention(q, q, q)
 
 
-@pytest.mark.parametrize("kwargs, name", [({"dropout_p": 0.1}, "dropout_p"),
-                                          ({"alibi_slopes": [1.0]}, "alibi_slopes")])
-def test_unsupported_arguments_name_themselves(kwargs, name):
-    with pytest.raises(NotImplementedError, match=name):
-        flash_attn_func(*cpu_qkv(), **kwargs)
+def test_unsupported_arguments_name_themselves():
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flash_attn_func(*cpu_qkv(), dropout_p=0.1)
+
+
+@pytest.mark.parametrize("slopes, error, message", [
+    ([1.0], TypeError, "alibi_slopes must be a torch.Tensor"),
+    (torch.ones(3), ValueError, r"alibi_slopes must have shape \(nheads,\) = \(2,\) or \(batch, "
+                                r"nheads\) = \(1, 2\)"),
+    (torch.ones(2, dtype=torch.float64), TypeError, "alibi_slopes must be float32"),
+])
+def test_bad_alibi_slopes_name_the_argument(slopes, error, message):
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(error, match=message):
+        validate.modifiers(0.0, slopes, q, batch=1)
 
 
 @pytest.mark.parametrize("softcap", [-1.0, float("inf"), float("nan"), "30", True])

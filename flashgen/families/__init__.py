@@ -19,7 +19,7 @@ class DefaultRuntime:
 
     @staticmethod
     def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
-                      deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
+                      deterministic: bool, varlen: tuple = (), mods=None):
         """(BwdArgs, the scratch tensor they point into, to keep alive through the launch)."""
         raise NotImplementedError(f"flashgen: family {spec.family} has no backward runtime")
 

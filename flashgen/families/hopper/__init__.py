@@ -18,7 +18,7 @@ import torch
 
 from codegen import params
 from codegen.masks import Band
-from codegen.score_mods import score_fields
+from codegen.score_mods import PLAIN, Modifiers
 
 SHORT_SEQLEN = 1024
 
@@ -32,7 +32,7 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
 
 
 def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
-                  deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
+                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
     fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
@@ -51,5 +51,5 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
         dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
-        **score_fields(scale, softcap), **band.fields())
+        **mods.fields(scale), **band.fields())
     return args, scratch

@@ -12,7 +12,7 @@ import torch
 from codegen import params
 from codegen.families.mma import resources
 from codegen.masks import Band
-from codegen.score_mods import score_fields
+from codegen.score_mods import PLAIN, Modifiers
 from flashgen.families.mma import schedule, tile_choice
 
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
@@ -50,7 +50,7 @@ def pinned_forward_tile(index: int):
 
 
 def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
-                  deterministic: bool, varlen: tuple = (), softcap: float = 0.0):
+                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
@@ -88,7 +88,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
         softmax_d=address + 4 * (dq_floats + split_floats),
         dq_accum=0 if deterministic else address, dkv_accum=address + 4 * dq_floats,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-        **score_fields(scale, softcap), **band.fields(),
+        **mods.fields(scale), **band.fields(),
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
         splits=grid.splits, **sequences)
     return args, scratch
@@ -104,7 +104,7 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     sm_count, l2_bytes = device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
-    uneven = schedule.hides_keys(spec.mask)
+    uneven = spec.mask_kind.hides_keys
     sorted_tail_blocks = schedule.sorted_tail_blocks(uneven, key_blocks, batch * heads_kv,
                                                      dq_bytes, sm_count, l2_bytes)
     steps = group * -(-seqlen_q // spec.tile.block_m)  # a key block's steps with no mask

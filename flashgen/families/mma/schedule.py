@@ -53,7 +53,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from codegen.masks import MASKS
 
 CAUSAL_RANKS_PER_ROUND = 2
 SORTED_TAIL_WAVES = 4
@@ -79,12 +78,7 @@ def ranks_per_round(uneven: bool, ranks: int) -> int:
 
 def for_spec(spec, seqlen_q: int) -> int:
     """ranks_per_round for a forward KernelSpec's grid on seqlen_q query rows."""
-    return ranks_per_round(hides_keys(spec.mask), -(-seqlen_q // spec.tile.block_m))
-
-
-def hides_keys(mask: str) -> bool:
-    """Whether a mask gives a sequence's blocks unequal work (the decisions above then differ)."""
-    return MASKS[mask].hides_keys
+    return ranks_per_round(spec.mask_kind.hides_keys, -(-seqlen_q // spec.tile.block_m))
 
 
 def sorted_tail_blocks(uneven: bool, key_blocks: int, batch_heads: int,

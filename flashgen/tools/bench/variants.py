@@ -6,7 +6,8 @@ against flashgen's own dense kernel (it must cost nothing).
 
 Every case is causal at seqlen 8k, batch 2, 16 heads (the issue's shapes), at head dims 128 and
 64. flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim)
-copies of the same values, each in its own native layout.
+copies of the same values, each in its own native layout. The document case runs the default
+config's `document` variant with its block mask built once outside the timing, as Flex's is.
 """
 
 from __future__ import annotations
@@ -21,17 +22,49 @@ VARIANT_MODES = ("fwd", "fwd_bwd")
 GRID = {"dtype": "bf16", "batch": 2, "heads": 16, "seqlen": 8192, "head_dims": (128, 64)}
 WINDOW = 1024
 SOFTCAP = 30.0
-# name -> flashgen's flash_attn_func arguments (all causal); None: no flashgen case
-CASES = {
-    "causal": {},
-    f"window {WINDOW}": {"window_size": (WINDOW, 0)},
-    f"softcap {SOFTCAP:g}": {"softcap": SOFTCAP},
-    "window wider than the sequence": {"window_size": (1 << 20, 0)},
-}
+DOCUMENTS = 8
+CASES = ("causal", f"window {WINDOW}", f"softcap {SOFTCAP:g}", "alibi",
+         f"document mask ({DOCUMENTS} docs)", "window wider than the sequence")
 SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
-def _flex(case: str, batch: int, heads: int, seqlen: int):
+class Inputs:
+    """What a case's calls share beyond q, k, v: ALiBi's slopes and the documents' ids."""
+
+    def __init__(self, batch: int, heads: int, seqlen: int):
+        import torch
+
+        generator = torch.Generator().manual_seed(0)
+        self.slopes = torch.pow(2.0, -8.0 * torch.arange(1, heads + 1) / heads).cuda()
+        ids = []
+        for _ in range(batch):
+            cuts = torch.randperm(seqlen - 1, generator=generator)[:DOCUMENTS - 1] + 1
+            starts = torch.zeros(seqlen, dtype=torch.int32)
+            starts[cuts] = 1
+            ids.append(starts.cumsum(0, dtype=torch.int32))
+        self.doc_ids = torch.stack(ids).cuda()
+
+
+def _flashgen(case: str, inputs: Inputs, q, k):
+    """flashgen's call (q, k, v) -> out for the case, (batch, seq, heads, dim)."""
+    import flashgen
+    from flashgen import flash_attn_func
+
+    kwargs = {"causal": True}
+    if case.startswith("window "):
+        kwargs["window_size"] = (1 << 20 if "wider" in case else WINDOW, 0)
+    elif case.startswith("softcap"):
+        kwargs["softcap"] = SOFTCAP
+    elif case == "alibi":
+        kwargs["alibi_slopes"] = inputs.slopes
+    elif case.startswith("document"):
+        tensors = {"doc_ids": inputs.doc_ids}
+        kwargs = {"variant": "document", "variant_tensors": tensors,
+                  "block_mask": flashgen.block_mask("document", q, k, tensors)}
+    return lambda q, k, v: flash_attn_func(q, k, v, **kwargs)
+
+
+def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
     """FlexAttention's compiled call (q, k, v) -> out for the case, (batch, heads, seq, dim)."""
     import torch
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -42,12 +75,26 @@ def _flex(case: str, batch: int, heads: int, seqlen: int):
     def window(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (q_idx - kv_idx <= WINDOW)
 
-    mask_mod = window if case.startswith("window ") and "wider" not in case else causal
+    doc_ids = inputs.doc_ids
+
+    def document(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
+
+    mask_mod = causal
+    if case.startswith("window ") and "wider" not in case:
+        mask_mod = window
+    elif case.startswith("document"):
+        mask_mod = document
     block_mask = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device="cuda")
     score_mod = None
     if case.startswith("softcap"):
         def score_mod(score, b, h, q_idx, kv_idx):
             return SOFTCAP * torch.tanh(score / SOFTCAP)
+    elif case == "alibi":
+        slopes = inputs.slopes
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score - slopes[h] * (q_idx - kv_idx).abs()
     # A fresh compile per case: one compiled function over every case's masks and score mods
     # would hit dynamo's recompile limit and fall back to the unfused implementation.
     torch._dynamo.reset()
@@ -82,20 +129,20 @@ def run(grid: dict = GRID, log=print) -> dict:
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[grid["dtype"]]
     batch, heads, seqlen = grid["batch"], grid["heads"], grid["seqlen"]
+    inputs = Inputs(batch, heads, seqlen)
     rows = []
     for head_dim in grid["head_dims"]:
         bshd = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
                  for _ in range(3)] for _ in range(2)]
         bhsd = [[t.transpose(1, 2).contiguous() for t in tensors] for tensors in bshd]
-        for case, kwargs in CASES.items():
-            impls = {"flashgen": (lambda kw: lambda q, k, v: flash_attn_func(
-                q, k, v, causal=True, **kw))(kwargs)}
+        for case in CASES:
+            impls = {"flashgen": _flashgen(case, inputs, *bshd[0][:2])}
             layouts = {"flashgen": bshd}
             if "wider" in case:
                 impls["flashgen causal"] = lambda q, k, v: flash_attn_func(q, k, v, causal=True)
                 layouts["flashgen causal"] = bshd
             else:
-                impls["FlexAttention"] = _flex(case, batch, heads, seqlen)
+                impls["FlexAttention"] = _flex(case, inputs, batch, heads, seqlen)
                 layouts["FlexAttention"] = bhsd
             if case == "causal":
                 for peer in SDPA_PEERS:

@@ -3,7 +3,8 @@
 // a query block visits, which query blocks a key block sees, whether a tile needs masking at all
 // (only tiles that straddle an edge are masked; kernels skip the rest) and the masking itself.
 // Forward and backward kernels of every family take one as a template parameter; codegen/masks.py
-// names them. A further mask (block-sparse) is a further policy with these members.
+// names them. A config-defined mask (common/variant.cuh's VariantMask) is a further policy with
+// these members.
 #pragma once
 
 #include <cmath>
@@ -19,7 +20,9 @@ struct NoMask {
   static constexpr bool kHidesKeys = false;
   int seqlen_k;
 
-  __device__ __forceinline__ NoMask(AttentionParams const& /*p*/, int seqlen_k, int /*offset*/)
+  // For sequence `batch` of the call, of seqlen_k keys, offset its mask_offset.
+  __device__ __forceinline__ NoMask(AttentionParams const& /*p*/, int /*batch*/, int seqlen_k,
+                                    int /*offset*/)
       : seqlen_k(seqlen_k) {}
 
   // The first key block that a query block whose first row is first_row visits.
@@ -58,7 +61,8 @@ struct CausalMask {
   int seqlen_k;
   int offset;
 
-  __device__ __forceinline__ CausalMask(AttentionParams const& /*p*/, int seqlen_k, int offset)
+  __device__ __forceinline__ CausalMask(AttentionParams const& /*p*/, int /*batch*/, int seqlen_k,
+                                        int offset)
       : seqlen_k(seqlen_k), offset(offset) {}
 
   template <int kBlockN>
@@ -102,7 +106,8 @@ struct WindowMask {
   int left;
   int right;
 
-  __device__ __forceinline__ WindowMask(AttentionParams const& p, int seqlen_k, int offset)
+  __device__ __forceinline__ WindowMask(AttentionParams const& p, int /*batch*/, int seqlen_k,
+                                        int offset)
       : seqlen_k(seqlen_k), offset(offset), left(p.window_left), right(p.window_right) {}
 
   template <int kBlockN>

@@ -45,6 +45,37 @@ struct AttentionParams {
   // The softcap score modifier's cap c: scores become c * tanh(s * softmax_scale / c), and
   // scale_log2 is c * log2(e) (codegen/score_mods.py)
   float softcap;
+  // The alibi score modifier's slopes: query row i and key j add -slope * |i + offset - j| to the
+  // scaled score, offset the sequence's seqlen_k - seqlen_q; slope = alibi_slopes[batch *
+  // alibi_batch_stride + head]
+  const float* alibi_slopes;
+  // 0: one slope per head for every sequence
+  int64_t alibi_batch_stride;
+  // A config-defined mask (common/variant.cuh): per sequence and 16 query rows, the keys the rows
+  // may see and the keys all of them see, (batch, ceil(seqlen_q / 16), 4) int
+  int* mask_ranges;
+  // A config-defined variant's tensors, contiguous, in the order its table declares them, each with
+  // its sizes (1 past its rank)
+  const void* variant_tensor0;
+  int variant_size0_0;
+  int variant_size0_1;
+  int variant_size0_2;
+  int variant_size0_3;
+  const void* variant_tensor1;
+  int variant_size1_0;
+  int variant_size1_1;
+  int variant_size1_2;
+  int variant_size1_3;
+  const void* variant_tensor2;
+  int variant_size2_0;
+  int variant_size2_1;
+  int variant_size2_2;
+  int variant_size2_3;
+  const void* variant_tensor3;
+  int variant_size3_0;
+  int variant_size3_1;
+  int variant_size3_2;
+  int variant_size3_3;
   // (batch + 1,): a variable-length batch's sequence starts in packed (1, total rows, heads,
   // head_dim) tensors, then the total; seqlen_q and seqlen_k are then the longest lengths, each
   // sequence's causal mask aligns bottom-right and per-row statistics are (heads, total rows).
@@ -210,7 +241,11 @@ struct DecodeParams : AttentionParams {
   X(q_head_stride) X(k) X(k_batch_stride) X(k_row_stride) X(k_head_stride) X(v) X(v_batch_stride) \
   X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
   X(softmax_scale) X(scale_log2) X(mask_offset) X(window_left) X(window_right) X(softcap) \
-  X(cu_seqlens_q) X(cu_seqlens_k)
+  X(alibi_slopes) X(alibi_batch_stride) X(mask_ranges) X(variant_tensor0) X(variant_size0_0) \
+  X(variant_size0_1) X(variant_size0_2) X(variant_size0_3) X(variant_tensor1) X(variant_size1_0) \
+  X(variant_size1_1) X(variant_size1_2) X(variant_size1_3) X(variant_tensor2) X(variant_size2_0) \
+  X(variant_size2_1) X(variant_size2_2) X(variant_size2_3) X(variant_tensor3) X(variant_size3_0) \
+  X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(cu_seqlens_q) X(cu_seqlens_k)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
   X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \

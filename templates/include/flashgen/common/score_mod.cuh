@@ -1,8 +1,8 @@
 // Score modifiers: a function of each score s = q.k (before the softmax scale) and its position,
 // applied before masking, and its derivative for the backward's dS. Kernels of every family take
-// one as a template parameter (codegen/score_mods.py names them); ALiBi and config-defined
-// modifiers are further types with these members. The identity costs nothing: its loops compile
-// away.
+// one as a template parameter (codegen/score_mods.py names them) and construct it per (sequence,
+// head) they work on; config-defined modifiers are further types with these members. The identity
+// costs nothing: its loops compile away.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -13,7 +13,11 @@ namespace flashgen {
 
 struct IdentityScore {
   static constexpr bool kIdentity = true;
-  __device__ __forceinline__ explicit IdentityScore(AttentionParams const& /*p*/) {}
+  static constexpr bool kUnitDerivative = true;  // derivative() is 1: the backward skips it
+  // For the sequence `batch` of the call, query head `head`; offset is the sequence's
+  // seqlen_k - seqlen_q where the modifier is aligned bottom-right (the mask's offset).
+  __device__ __forceinline__ IdentityScore(AttentionParams const& /*p*/, int /*batch*/,
+                                           int /*head*/, int /*offset*/) {}
   // The modified score of key col for query row (positions within the sequence).
   __device__ __forceinline__ float apply(float score, int /*row*/, int /*col*/) const {
     return score;
@@ -33,9 +37,11 @@ struct IdentityScore {
 // backward's dS); a masked score (-inf) has P = 0, and the clamp keeps its derivative finite.
 struct Softcap {
   static constexpr bool kIdentity = false;
+  static constexpr bool kUnitDerivative = false;
   float prescale;  // softmax_scale / softcap
 
-  __device__ __forceinline__ explicit Softcap(AttentionParams const& p)
+  __device__ __forceinline__ Softcap(AttentionParams const& p, int /*batch*/, int /*head*/,
+                                     int /*offset*/)
       : prescale(p.softmax_scale / p.softcap) {}
   __device__ __forceinline__ float apply(float score, int /*row*/, int /*col*/) const {
     float t;
@@ -44,6 +50,26 @@ struct Softcap {
   }
   __device__ __forceinline__ float derivative(float modified, int /*row*/, int /*col*/) const {
     return 1.f - fminf(modified * modified, 1.f);
+  }
+};
+
+// ALiBi (Press et al.; FlashAttention-2's alibi_slopes): s * softmax_scale - slope * |i + offset -
+// j|, one slope per (sequence, head). The bias is divided by softmax_scale here so that the
+// softmax's scale_log2 multiplies both terms.
+struct Alibi {
+  static constexpr bool kIdentity = false;
+  static constexpr bool kUnitDerivative = true;
+  float slope;  // slope / softmax_scale
+  int offset;
+
+  __device__ __forceinline__ Alibi(AttentionParams const& p, int batch, int head, int offset)
+      : slope(p.alibi_slopes[batch * p.alibi_batch_stride + head] / p.softmax_scale),
+        offset(offset) {}
+  __device__ __forceinline__ float apply(float score, int row, int col) const {
+    return score - slope * float(abs(row + offset - col));
+  }
+  __device__ __forceinline__ float derivative(float /*modified*/, int /*row*/, int /*col*/) const {
+    return 1.f;
   }
 };
 

@@ -49,7 +49,9 @@ struct KeyBlockWork {
   Mask mask;
 
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
-      : mask(p, p.seqlen_k, p.mask_offset) {
+      : mask(p, int(blockIdx.x) / ((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN) /
+                    p.heads_kv,
+             p.seqlen_k, p.mask_offset) {
     const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const int index = int(blockIdx.x);
     // Longest first (under a causal mask the first key blocks see the most query blocks). A
@@ -204,7 +206,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, BM>{}));  // (key, row)
-  const ScoreMod score_mod(p);
   // P^T and dS^T in 16 bits, as the A operands of dV += P^T dO and dK += dS^T Q.
   Tensor tSrP = make_tensor<Element>(tSrS.layout());
   Tensor tSrdS = make_tensor<Element>(tSrS.layout());
@@ -250,11 +251,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
     // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
     // modifier's derivative; masked scores are -inf, and a padded row's lse_log2 +inf, so both
-    // give P = 0. Without a modifier P is computed while dP^T is still on the tensor cores; with
-    // one, P waits for dP^T, so the modified scores need no registers of their own (the
-    // derivative is a function of them).
+    // give P = 0. Where the modifier's derivative is 1 (none, ALiBi) P is computed while dP^T is
+    // still on the tensor cores; otherwise P waits for dP^T, so the modified scores need no
+    // registers of their own (the derivative is a function of them).
     warpgroup_wait<1>();
     const int row0 = m_block * kBlockM;
+    const ScoreMod score_mod(p, work.batch, head, p.mask_offset);
     if constexpr (!ScoreMod::kIdentity) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
@@ -274,7 +276,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     auto prob = [&](int i) {
       return exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(tScS(i))]));
     };
-    if constexpr (ScoreMod::kIdentity) {
+    if constexpr (ScoreMod::kUnitDerivative) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(i);
       warpgroup_wait<0>();

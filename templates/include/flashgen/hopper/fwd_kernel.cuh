@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       seq.seqlen_k = CachedKeys(p, tile.batch).seqlen_k;
       seq.mask_offset = seq.seqlen_k - seq.seqlen_q;
     }
-    const Mask mask(p, seq.seqlen_k, seq.mask_offset);
+    const Mask mask(p, tile.batch, seq.seqlen_k, seq.mask_offset);
     const bool past_end = !kDense && tile.m_block * kBlockM >= seq.seqlen_q;
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
     const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)
@@ -375,7 +375,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   };
 
-  const ScoreMod score_mod(p);
   typename Pipeline::PipelineState k_state, v_state;
   int q_loads = 0;
   for (int t = 0;; ++t) {
@@ -384,6 +383,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const Work w = work_of(index);
     if (w.past_end) continue;
     const int row0 = w.tile.m_block * kBlockM + consumer * 64;
+    const ScoreMod score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset);
     // The score modifier, then the mask, on key block n_block's scores.
     auto masked = [&](int n_block) {
       const int col0 = n_block * kBlockN;

@@ -153,8 +153,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const int head_kv = work.batch_head % p.heads_kv;
   const int group = p.heads / p.heads_kv;
   const Seqs seq(p, work.batch_head / p.heads_kv);
-  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod(p);
+  const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
 
   // Query blocks that see a key of this block: those the mask lets see it. Steps run over (query
   // head in the group, query block); none means dK = dV = 0. A piece runs its share of them.
@@ -306,6 +305,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     const int head = head_of(step);
     const int m_block = m_block_of(step);
     const int64_t row_base = seq.row_stats_offset(p.heads, head);
+    const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
     compute_p_ds<Traits>(p, seq, mask, score_mod, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV,
                          sP, sdS, m_block, n_block, p.softmax_lse + row_base,
                          p.softmax_d + row_base);
@@ -383,8 +383,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod(p);
+  const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
   const int rows = seq.seqlen_q - m_block * kBlockM;
   if (rows <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + min(rows, kBlockM) - 1);

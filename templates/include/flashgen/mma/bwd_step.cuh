@@ -83,9 +83,11 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
       const float score = s(r, c);
       const float prob = exp2f(score * p.scale_log2 - lse_log2[r]);
       s(r, c) = prob;
-      dp(r, c) = prob * (dp(r, c) - row_d[r]) *
-                 score_mod.derivative(score, row0 + get<0>(coords(r, c)),
-                                      col0 + get<1>(coords(r, c)));
+      dp(r, c) = prob * (dp(r, c) - row_d[r]);
+      if constexpr (!ScoreMod::kUnitDerivative) {
+        dp(r, c) *= score_mod.derivative(score, row0 + get<0>(coords(r, c)),
+                                         col0 + get<1>(coords(r, c)));
+      }
     }
   }
 

@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
 
   const KvCacheRows cache(p, batch, head_kv);
   // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
-  const Mask mask(p, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  const Mask mask(p, batch, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
   const int first_token = row0 / group;
   const int last_token = (min(packed_rows, row0 + kBlockM) - 1) / group;
 

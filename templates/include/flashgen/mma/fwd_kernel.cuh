@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(p, seq.seqlen_k, seq.mask_offset);
-  const ScoreMod score_mod(p);
+  const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
+  const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
 
   // Key blocks this query block needs: those the mask lets its rows see. None (rows that see no
   // key) still runs the epilogue: O = 0, lse = -inf.

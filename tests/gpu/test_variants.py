@@ -1,0 +1,176 @@
+"""Config-defined variants (codegen/variants.py), the default config's examples end to end:
+document masking, prefix-LM and a relative-position bias, each against the fp32 reference with
+the same mask or bias built in Python, on every family, forward and gradients, with and without a
+prebuilt block mask, GQA, varlen, deterministic gradients, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashgen
+from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen.reference import assert_close_fa2, attention_ref
+from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+from tests.gpu.test_varlen import cu_seqlens
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
+
+# (batch, seqlen, heads, heads_kv): odd lengths, GQA.
+SHAPES = [(2, 700, 8, 2), (1, 1000, 4, 4)]
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def document_ids(batch: int, seqlen: int, documents: int = 5) -> torch.Tensor:
+    """(batch, seqlen) int32: each sequence cut into `documents` runs at random points."""
+    ids = []
+    for _ in range(batch):
+        cuts = torch.randperm(seqlen - 1)[:documents - 1] + 1
+        starts = torch.zeros(seqlen, dtype=torch.int32)
+        starts[cuts] = 1
+        ids.append(starts.cumsum(0, dtype=torch.int32))
+    return torch.stack(ids).cuda()
+
+
+def positions(seqlen: int):
+    index = torch.arange(seqlen, device="cuda")
+    return index.view(-1, 1), index.view(1, -1)  # query rows, key columns
+
+
+def document_visible(doc_ids):
+    q_idx, kv_idx = positions(doc_ids.shape[1])
+    same = doc_ids[:, :, None] == doc_ids[:, None, :]
+    return ((kv_idx <= q_idx) & same)[:, None]  # (batch, 1, seqlen, seqlen)
+
+
+def prefix_lm_visible(prefix_len, seqlen: int):
+    q_idx, kv_idx = positions(seqlen)
+    return ((kv_idx <= q_idx) | (kv_idx < prefix_len.view(-1, 1, 1)))[:, None]
+
+
+def relative_bias_scores(bias, seqlen: int):
+    q_idx, kv_idx = positions(seqlen)
+    return bias[:, kv_idx - q_idx + (bias.shape[1] - 1) // 2][None]  # (1, heads, sq, sk)
+
+
+def check(q, k, v, reference_kwargs, **call):
+    """Output, lse and gradients of flash_attn_func(**call) against attention_ref."""
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **call)
+    out_ref, lse_ref = attention_ref(q, k, v, **reference_kwargs)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **reference_kwargs)
+    assert_close_fa2(out, out_ref, out_pt, "out")
+    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
+    dout = make_dout(out, non_contiguous=False)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_grads_close(grads, q, k, v, dout, **reference_kwargs)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}_h{}_hk{}".format(*s))
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["per_call", "block_mask"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_document_mask(dtype, head_dim, prebuilt, shape, each_family):
+    batch, seqlen, heads, heads_kv = shape
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, DTYPES[dtype], False)
+    doc_ids = document_ids(batch, seqlen)
+    tensors = {"doc_ids": doc_ids}
+    block_mask = flashgen.block_mask("document", q, k, tensors) if prebuilt else None
+    check(q, k, v, dict(causal=False, visible=document_visible(doc_ids)), variant="document",
+          variant_tensors=tensors, block_mask=block_mask)
+    assert forward.kernel_for(q.device, dtype, head_dim, "document", batch * heads,
+                              seqlen).mask == "document"
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_prefix_lm(dtype, head_dim, each_family):
+    batch, seqlen, heads = 3, 517, 4
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads, head_dim, DTYPES[dtype], False)
+    prefix_len = torch.tensor([0, 100, 517], dtype=torch.int32, device="cuda")
+    check(q, k, v, dict(causal=False, visible=prefix_lm_visible(prefix_len, seqlen)),
+          variant="prefix_lm", variant_tensors={"prefix_len": prefix_len})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_relative_bias(dtype, head_dim, causal, each_family):
+    batch, seqlen, heads, heads_kv = 2, 600, 8, 2
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, DTYPES[dtype], False)
+    bias = torch.randn(heads, 2 * seqlen - 1, device="cuda")
+    check(q, k, v, dict(causal=causal, score_bias=relative_bias_scores(bias, seqlen)),
+          causal=causal, variant="relative_bias", variant_tensors={"bias": bias})
+    assert backward.kernel_for(q.device, dtype, head_dim, "causal" if causal else "none",
+                               score_mod="relative_bias").score_mod == "relative_bias"
+
+
+def test_varlen_documents_see_positions_within_their_sequence():
+    lengths, heads, head_dim = [300, 57, 512], 4, 128
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16,
+                           requires_grad=True) for _ in range(3))
+    cu = cu_seqlens(lengths)
+    doc_ids = document_ids(len(lengths), max(lengths))
+    tensors = {"doc_ids": doc_ids}
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
+                                 variant="document", variant_tensors=tensors)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    starts = cu.tolist()
+    for b, length in enumerate(lengths):
+        rows = slice(starts[b], starts[b + 1])
+        seq = [t[rows].unsqueeze(0).detach().requires_grad_() for t in (q, k, v)]
+        kwargs = dict(causal=False, visible=document_visible(doc_ids[b:b + 1, :length]))
+        ref, _ = attention_ref(*seq, **kwargs)
+        same_dtype, _ = attention_ref(*seq, upcast=False, **kwargs)
+        assert_close_fa2(out[rows].unsqueeze(0), ref, same_dtype, f"out of sequence {b}")
+        assert_grads_close(tuple(g[rows].unsqueeze(0) for g in grads), *seq,
+                           dout[rows].unsqueeze(0), **kwargs)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_deterministic_gradients_are_bit_identical(head_dim, each_family):
+    """The hopper backward adds dQ in an order its block ranges fix: a variant's must agree
+    between the two views (key blocks per query block and back) or a run would hang."""
+    q, k, v = make_qkv(2, 1100, 1100, 8, 2, head_dim, torch.bfloat16, False)
+    dout = torch.randn_like(q)
+    tensors = {"doc_ids": document_ids(2, 1100, documents=7)}
+
+    def grads():
+        out = flash_attn_func(q, k, v, variant="document", variant_tensors=tensors,
+                              deterministic=True)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    first = grads()
+    assert all(torch.equal(a, b) for a, b in zip(first, grads()))
+
+
+def test_bad_variant_arguments_name_what_is_wrong():
+    q, k, v = make_qkv(2, 64, 64, 4, 4, 64, torch.bfloat16, False)
+    ids = document_ids(2, 64)
+    with pytest.raises(ValueError, match="variant='nope' is not defined .* document"):
+        flash_attn_func(q, k, v, variant="nope")
+    with pytest.raises(ValueError, match=r"reads tensor\(s\) \['doc_ids'\]"):
+        flash_attn_func(q, k, v, variant="document")
+    with pytest.raises(ValueError, match=r"reads no tensor\(s\) \['extra'\]"):
+        flash_attn_func(q, k, v, variant="document", variant_tensors={"doc_ids": ids,
+                                                                      "extra": ids})
+    with pytest.raises(TypeError, match="'doc_ids' must be torch.int32"):
+        flash_attn_func(q, k, v, variant="document", variant_tensors={"doc_ids": ids.long()})
+    with pytest.raises(ValueError, match=r"must have shape \[batch, seqlen_k\] = \(2, 64\)"):
+        flash_attn_func(q, k, v, variant="document", variant_tensors={"doc_ids": ids[:, :10]})
+    with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):
+        flash_attn_func(q, k, v, causal=True, variant="document",
+                        variant_tensors={"doc_ids": ids})
+    with pytest.raises(ValueError, match="block_mask was built for"):
+        other = flashgen.block_mask("document", q[:1], k[:1], {"doc_ids": ids[:1]})
+        flash_attn_func(q, k, v, variant="document", variant_tensors={"doc_ids": ids},
+                        block_mask=other)
+    bias = torch.zeros(4, 127, device="cuda", requires_grad=True)
+    with pytest.raises(ValueError, match="requires grad"):
+        flash_attn_func(q, k, v, variant="relative_bias", variant_tensors={"bias": bias})
+    with pytest.raises(NotImplementedError, match="own score_mod"):
+        flash_attn_func(q, k, v, softcap=5.0, variant="relative_bias",
+                        variant_tensors={"bias": bias.detach()})
+    with pytest.raises(ValueError, match="go with variant="):
+        flash_attn_func(q, k, v, variant_tensors={"doc_ids": ids})
