@@ -76,9 +76,8 @@ ATTENTION_FIELDS = (
           "seqlen_q; slope = alibi_slopes[batch * alibi_batch_stride + head]", default=0),
     Field("alibi_batch_stride", "int64_t", "0: one slope per head for every sequence",
           default=0),
-    Field("mask_ranges", "int*", "A config-defined mask (common/variant.cuh): per sequence and "
-          "16 query rows, the keys the rows may see and the keys all of them see, "
-          "(batch, ceil(seqlen_q / 16), 4) int", default=0),
+    Field("mask_ranges", "int*", "A config-defined mask's MaskRange (common/variant.cuh) per "
+          "sequence and 16 query rows, (batch, ceil(seqlen_q / 16)), 4 ints each", default=0),
     *(field_ for i in range(VARIANT_TENSORS) for field_ in (
         Field(f"variant_tensor{i}", "const void*", "A config-defined variant's tensors, "
               "contiguous, in the order its table declares them, each with its sizes (1 past "

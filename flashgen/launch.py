@@ -17,6 +17,17 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _warned_copy = False
 
 
+def problem_sizes(q, k, varlen: tuple = ()) -> tuple[int, int, int, dict]:
+    """(batch, seqlen_q, seqlen_k, the params' cu_seqlens fields) of a call on (batch, seq,
+    heads, dim) views; varlen: a variable-length batch's (cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k), its views packed as (1, total, heads, dim)."""
+    if not varlen:
+        return q.shape[0], q.shape[1], k.shape[1], {}
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
+    return (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k,
+            {"cu_seqlens_q": cu_seqlens_q.data_ptr(), "cu_seqlens_k": cu_seqlens_k.data_ptr()})
+
+
 def call_on_device(entry, device_index: int, args: tuple) -> None:
     """entry(*args, stream): a binding function that launches kernels, on the tensors' device
     and that device's current stream."""

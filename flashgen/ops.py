@@ -111,7 +111,7 @@ def _mask_ranges_fake(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=No
     if cu_seqlens_q is not None:
         batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
     groups = (seqlen_q + variants.MASK_RANGE_ROWS - 1) // variants.MASK_RANGE_ROWS
-    return q.new_empty((batch, groups, 4), dtype=torch.int32)
+    return q.new_empty((batch, groups, variants.MASK_RANGE_INTS), dtype=torch.int32)
 
 
 def _slots(tensors: tuple) -> tuple:

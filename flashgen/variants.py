@@ -18,6 +18,7 @@ from codegen.variants import CHECKED_DIMS, DTYPES, Variant
 from flashgen import launch, loader, registry
 
 MASK_RANGE_ROWS = 16  # common/variant.cuh's kMaskRangeRows
+MASK_RANGE_INTS = 4   # and the ints of its MaskRange
 
 
 def resolve(name) -> Variant:
@@ -37,7 +38,7 @@ class BlockMask:
     """A variant's mask ranges for one batch of sizes and one content of its tensors: pass it as
     block_mask= to every call that shares them, and build it again when the tensors change."""
     variant: str
-    ranges: torch.Tensor  # (batch, ceil(seqlen_q / 16), 4) int32
+    ranges: torch.Tensor  # (batch, ceil(seqlen_q / 16), MASK_RANGE_INTS) int32
     batch: int
     seqlen_q: int
     seqlen_k: int
@@ -134,7 +135,8 @@ def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: i
                  block_mask_.seqlen_k)
         if found != (v.name, batch, seqlen_q, seqlen_k):
             raise ValueError(f"flashgen: block_mask was built for variant, batch, seqlen_q, "
-                             f"seqlen_k = {found}, this call is {(v.name, batch, seqlen_q, seqlen_k)}")
+                             f"seqlen_k = {found}, this call is "
+                             f"{(v.name, batch, seqlen_q, seqlen_k)}")
         ranges = block_mask_.ranges
     elif v.mask_mod:
         from flashgen import ops
@@ -147,20 +149,13 @@ def compute_mask_ranges(variant: Variant, q, k, tensors: tuple, varlen: tuple,
                         launcher: loader.Launcher) -> torch.Tensor:
     """Runs the variant's mask-range kernels (in launcher's library: every kernel of a variant
     with a mask_mod carries them) for q, k as passed to the forward."""
-    batch, seqlen_q, heads, _ = q.shape
-    seqlen_k = k.shape[1]
-    sequences = {}
-    if varlen:
-        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = varlen
-        batch = cu_seqlens_q.shape[0] - 1
-        sequences = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
-                         cu_seqlens_k=cu_seqlens_k.data_ptr())
+    batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
     groups = -(-seqlen_q // MASK_RANGE_ROWS)
-    ranges = torch.empty((batch, groups, 4), dtype=torch.int32, device=q.device)
+    ranges = torch.empty((batch, groups, MASK_RANGE_INTS), dtype=torch.int32, device=q.device)
     if ranges.numel() == 0:
         return ranges
     fields = Modifiers(variant=variant, variant_tensors=tensors, mask_ranges=ranges).fields(1.0)
-    args = params.attention_args(q=q, k=k, v=k, batch=batch, heads=heads, heads_kv=k.shape[2],
+    args = params.attention_args(q=q, k=k, v=k, batch=batch, heads=q.shape[2], heads_kv=k.shape[2],
                                  seqlen_q=seqlen_q, seqlen_k=seqlen_k, **fields, **sequences)
     launch.call_on_device(loader.binding().attention, q.get_device(),
                           (launcher.mask_ranges_address, launcher.error_string_address, *args))

@@ -10,7 +10,8 @@ import torch
 
 from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
 from flashgen.reference import assert_close_fa2, attention_ref
-from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
+                                     make_qkv)
 from tests.gpu.test_varlen import cu_seqlens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -40,14 +41,7 @@ def test_forward_and_gradients_match_the_reference(dtype, head_dim, per_sequence
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, False)
     kwargs = dict(causal=causal, window_size=window,
                   alibi_slopes=slopes(batch, heads, per_sequence))
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **kwargs)
-    out_ref, lse_ref = attention_ref(q, k, v, **kwargs)
-    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **kwargs)
-    assert_close_fa2(out, out_ref, out_pt, "out")
-    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
-    dout = make_dout(out, non_contiguous=False)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert_grads_close(grads, q, k, v, dout, **kwargs)
+    assert_attention_matches_reference(q, k, v, kwargs, **kwargs)
     mask = "window" if window != (-1, -1) else "causal" if causal else "none"
     dtype_name = "bf16" if dtype == torch.bfloat16 else "fp16"
     assert forward.kernel_for(q.device, dtype_name, head_dim, mask, batch * heads, seqlen_q,

@@ -56,6 +56,19 @@ def assert_grads_close(grads, q, k, v, dout, causal, **kwargs):
         assert_close_fa2(grad, ref, pt, name, eps=GRADIENT_EPS)
 
 
+def assert_attention_matches_reference(q, k, v, reference_kwargs: dict, **call):
+    """flash_attn_func(q, k, v, **call)'s output, lse and gradients against attention_ref with
+    reference_kwargs (the same mask and score modifier in Python), by FlashAttention-2's rule."""
+    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **call)
+    out_ref, lse_ref = attention_ref(q, k, v, **reference_kwargs)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **reference_kwargs)
+    assert_close_fa2(out, out_ref, out_pt, "out")
+    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
+    dout = make_dout(out, non_contiguous=False)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_grads_close(grads, q, k, v, dout, **reference_kwargs)
+
+
 @matrix_cases
 def test_flash_attn_func_grads(dtype, head_dim, causal, shape):
     batch, seqlen_q, seqlen_k, heads, heads_kv, packed = shape

@@ -11,7 +11,8 @@ import torch
 import flashgen
 from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
 from flashgen.reference import assert_close_fa2, attention_ref
-from tests.gpu.test_backward import assert_grads_close, make_dout, make_qkv
+from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
+                                     make_qkv)
 from tests.gpu.test_varlen import cu_seqlens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -53,18 +54,6 @@ def relative_bias_scores(bias, seqlen: int):
     return bias[:, kv_idx - q_idx + (bias.shape[1] - 1) // 2][None]  # (1, heads, sq, sk)
 
 
-def check(q, k, v, reference_kwargs, **call):
-    """Output, lse and gradients of flash_attn_func(**call) against attention_ref."""
-    out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True, **call)
-    out_ref, lse_ref = attention_ref(q, k, v, **reference_kwargs)
-    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **reference_kwargs)
-    assert_close_fa2(out, out_ref, out_pt, "out")
-    assert_close_fa2(lse, lse_ref, lse_pt, "lse")
-    dout = make_dout(out, non_contiguous=False)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    assert_grads_close(grads, q, k, v, dout, **reference_kwargs)
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_s{}_h{}_hk{}".format(*s))
 @pytest.mark.parametrize("prebuilt", [False, True], ids=["per_call", "block_mask"])
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -75,8 +64,9 @@ def test_document_mask(dtype, head_dim, prebuilt, shape, each_family):
     doc_ids = document_ids(batch, seqlen)
     tensors = {"doc_ids": doc_ids}
     block_mask = flashgen.block_mask("document", q, k, tensors) if prebuilt else None
-    check(q, k, v, dict(causal=False, visible=document_visible(doc_ids)), variant="document",
-          variant_tensors=tensors, block_mask=block_mask)
+    reference = dict(causal=False, visible=document_visible(doc_ids))
+    assert_attention_matches_reference(q, k, v, reference, variant="document",
+                                       variant_tensors=tensors, block_mask=block_mask)
     assert forward.kernel_for(q.device, dtype, head_dim, "document", batch * heads,
                               seqlen).mask == "document"
 
@@ -87,8 +77,9 @@ def test_prefix_lm(dtype, head_dim, each_family):
     batch, seqlen, heads = 3, 517, 4
     q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads, head_dim, DTYPES[dtype], False)
     prefix_len = torch.tensor([0, 100, 517], dtype=torch.int32, device="cuda")
-    check(q, k, v, dict(causal=False, visible=prefix_lm_visible(prefix_len, seqlen)),
-          variant="prefix_lm", variant_tensors={"prefix_len": prefix_len})
+    reference = dict(causal=False, visible=prefix_lm_visible(prefix_len, seqlen))
+    assert_attention_matches_reference(q, k, v, reference, variant="prefix_lm",
+                                       variant_tensors={"prefix_len": prefix_len})
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -98,8 +89,9 @@ def test_relative_bias(dtype, head_dim, causal, each_family):
     batch, seqlen, heads, heads_kv = 2, 600, 8, 2
     q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, DTYPES[dtype], False)
     bias = torch.randn(heads, 2 * seqlen - 1, device="cuda")
-    check(q, k, v, dict(causal=causal, score_bias=relative_bias_scores(bias, seqlen)),
-          causal=causal, variant="relative_bias", variant_tensors={"bias": bias})
+    reference = dict(causal=causal, score_bias=relative_bias_scores(bias, seqlen))
+    assert_attention_matches_reference(q, k, v, reference, causal=causal,
+                                       variant="relative_bias", variant_tensors={"bias": bias})
     assert backward.kernel_for(q.device, dtype, head_dim, "causal" if causal else "none",
                                score_mod="relative_bias").score_mod == "relative_bias"
 

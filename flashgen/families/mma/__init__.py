@@ -13,6 +13,7 @@ from codegen import params
 from codegen.families.mma import resources
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
+from flashgen import launch
 from flashgen.families.mma import schedule, tile_choice
 
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
@@ -55,15 +56,10 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
     into (1, total, heads, dim) views."""
-    batch, seqlen_q, heads, head_dim = q.shape
-    rows = batch * heads * seqlen_q  # of the per-row statistics and the dQ workspace
-    seqlen_k = k.shape[1]
-    sequences = {}
+    _, _, heads, head_dim = q.shape
+    rows = q.shape[0] * heads * q.shape[1]  # of the per-row statistics and the dQ workspace
+    batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
     if varlen:
-        cu_seqlens_q, cu_seqlens_k, seqlen_q, seqlen_k = varlen
-        batch = cu_seqlens_q.shape[0] - 1
-        sequences = dict(cu_seqlens_q=cu_seqlens_q.data_ptr(),
-                         cu_seqlens_k=cu_seqlens_k.data_ptr())
         # Ordered and split as a dense batch of the longest lengths: blocks past a shorter
         # sequence exit, every piece of a split block alike.
         grid = backward_grid(spec, (batch, seqlen_q, heads, head_dim), (seqlen_k, k.shape[2]),

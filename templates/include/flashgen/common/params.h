@@ -51,8 +51,8 @@ struct AttentionParams {
   const float* alibi_slopes;
   // 0: one slope per head for every sequence
   int64_t alibi_batch_stride;
-  // A config-defined mask (common/variant.cuh): per sequence and 16 query rows, the keys the rows
-  // may see and the keys all of them see, (batch, ceil(seqlen_q / 16), 4) int
+  // A config-defined mask's MaskRange (common/variant.cuh) per sequence and 16 query rows, (batch,
+  // ceil(seqlen_q / 16)), 4 ints each
   int* mask_ranges;
   // A config-defined variant's tensors, contiguous, in the order its table declares them, each with
   // its sizes (1 past its rank)

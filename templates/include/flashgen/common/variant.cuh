@@ -4,12 +4,8 @@
 // and a score modifier (common/score_mod.cuh) that every kernel of both families takes.
 //
 // A predicate says nothing about which key blocks a query block may skip, so a call first runs
-// compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): per
-// sequence and group of 16 query rows, the first and one past the last key the group's rows see,
-// made monotone (the first as a minimum over this and later groups, the last as a maximum over
-// this and earlier ones) so that every family's block ranges agree, forward and backward (the
-// hopper backward's deterministic dQ order counts on it), and the keys that every row of the
-// group sees (rows that see an unbroken run of keys), which need no masking.
+// compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): a
+// MaskRange per sequence and group of 16 query rows.
 #pragma once
 
 #include <climits>
@@ -29,24 +25,38 @@ __host__ __device__ __forceinline__ int mask_range_groups(AttentionParams const&
   return (p.seqlen_q + kMaskRangeRows - 1) / kMaskRangeRows;
 }
 
-// The mask policy of a variant with a mask_mod: block ranges from params.mask_ranges (int4 per
-// 16 rows: first key, one past the last, first and last key that every row sees).
+// What the mask of one group of 16 query rows lets them see. Block ranges use first and end, made
+// monotone (first a minimum over this and later groups, end a maximum over this and earlier
+// ones) so that every family's block ranges agree, forward and backward (the hopper backward's
+// deterministic dQ order counts on it). Every row sees the keys all_first..all_last (rows that see
+// an unbroken run): tiles inside that run are not masked. Within masked tiles the mask_mod runs on
+// every element: consulting these ranges per element first measured slower (H100).
+struct alignas(16) MaskRange {
+  int first, end;
+  int all_first, all_last;
+};
+
+// The mask policy of a variant with a mask_mod: params.mask_ranges holds the MaskRanges.
 template <class V>
 struct VariantMask {
   static constexpr bool kHidesKeys = true;
   V variant;
   int batch;
+  int seqlen_q;
   int seqlen_k;
   int groups;
-  const int4* ranges;  // this sequence's
+  const MaskRange* ranges;  // this sequence's
   mutable int all_see_block = -1;  // tile_needs_mask's query block, and the keys all its rows see
   mutable int all_see_first = 0;
   mutable int all_see_last = 0;
 
   __device__ __forceinline__ VariantMask(AttentionParams const& p, int batch, int seqlen_k,
                                          int /*offset*/)
-      : variant(p), batch(batch), seqlen_k(seqlen_k), groups(mask_range_groups(p)),
-        ranges(reinterpret_cast<const int4*>(p.mask_ranges) + int64_t(batch) * groups) {}
+      : variant(p), batch(batch),
+        seqlen_q(p.cu_seqlens_q == nullptr ? p.seqlen_q
+                                           : p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]),
+        seqlen_k(seqlen_k), groups(mask_range_groups(p)),
+        ranges(reinterpret_cast<const MaskRange*>(p.mask_ranges) + int64_t(batch) * groups) {}
 
   __device__ __forceinline__ int group_of(int row) const {
     return min(groups - 1, row / kMaskRangeRows);
@@ -57,11 +67,11 @@ struct VariantMask {
   }
   template <int kBlockN>
   __device__ __forceinline__ int key_block_begin(int first_row) const {
-    return min(key_blocks<kBlockN>(), ranges[group_of(first_row)].x / kBlockN);
+    return min(key_blocks<kBlockN>(), ranges[group_of(first_row)].first / kBlockN);
   }
   template <int kBlockN>
   __device__ __forceinline__ int key_block_end(int last_row) const {
-    return min(key_blocks<kBlockN>(), (ranges[group_of(last_row)].y + kBlockN - 1) / kBlockN);
+    return min(key_blocks<kBlockN>(), (ranges[group_of(last_row)].end + kBlockN - 1) / kBlockN);
   }
   // The query blocks m with key_block_begin(m's first row) <= n_block < key_block_end(m's last
   // row, padded): both bounds grow with m, so they are a run, found by bisection.
@@ -97,17 +107,17 @@ struct VariantMask {
       const int first_group = m_block * (kBlockM / kMaskRangeRows);
       const int end_group = min(groups, first_group + kBlockM / kMaskRangeRows);
       for (int g = first_group; g < end_group; ++g) {
-        const int4 range = ranges[g];
-        all_see_first = max(all_see_first, range.z);
-        all_see_last = min(all_see_last, range.w);
+        all_see_first = max(all_see_first, ranges[g].all_first);
+        all_see_last = min(all_see_last, ranges[g].all_last);
       }
     }
     const int first_col = n_block * kBlockN;
     const int last_col = first_col + kBlockN - 1;
     return last_col >= seqlen_k || first_col < all_see_first || last_col > all_see_last;
   }
+  // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them.
   __device__ __forceinline__ bool visible(int row, int col) const {
-    return col < seqlen_k && variant.mask_mod(batch, 0, row, col);
+    return row < seqlen_q && col < seqlen_k && variant.mask_mod(batch, 0, row, col);
   }
 };
 
@@ -165,17 +175,17 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   if (lane == 0) rows[warp] = make_int4(first, last, count, row < seq.seqlen_q);
   __syncthreads();
   if (threadIdx.x != 0) return;
-  int4 range = make_int4(INT_MAX, 0, 0, INT_MAX);  // first, end, all-see first, all-see last
+  MaskRange range{INT_MAX, 0, 0, INT_MAX};
   for (int r = 0; r < kMaskRangeRows; ++r) {
-    const int4 row_range = rows[r];
-    if (!row_range.w) continue;  // past the sequence
-    range.x = min(range.x, row_range.x);
-    range.y = max(range.y, row_range.y + 1);
+    const int4 row_range = rows[r];  // first, last, count, inside the sequence
+    if (!row_range.w) continue;
+    range.first = min(range.first, row_range.x);
+    range.end = max(range.end, row_range.y + 1);
     const bool unbroken = row_range.z > 0 && row_range.z == row_range.y - row_range.x + 1;
-    range.z = unbroken ? max(range.z, row_range.x) : INT_MAX;
-    range.w = unbroken ? min(range.w, row_range.y) : -1;
+    range.all_first = unbroken ? max(range.all_first, row_range.x) : INT_MAX;
+    range.all_last = unbroken ? min(range.all_last, row_range.y) : -1;
   }
-  reinterpret_cast<int4*>(p.mask_ranges)[int64_t(batch) * gridDim.x + group] = range;
+  reinterpret_cast<MaskRange*>(p.mask_ranges)[int64_t(batch) * gridDim.x + group] = range;
 }
 
 // Block per sequence: the first keys as minima over later groups, the ends as maxima over earlier
@@ -203,15 +213,15 @@ __global__ void __launch_bounds__(kScanThreads)
     mask_ranges_scan_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
   __shared__ int scratch[kScanThreads];
   const int groups = mask_range_groups(p);
-  int4* ranges = reinterpret_cast<int4*>(p.mask_ranges) + int64_t(blockIdx.x) * groups;
+  MaskRange* ranges = reinterpret_cast<MaskRange*>(p.mask_ranges) + int64_t(blockIdx.x) * groups;
   const auto min_op = [](int a, int b) { return min(a, b); };
   const auto max_op = [](int a, int b) { return max(a, b); };
   int carry = 0;  // ends: a running maximum, first to last
   for (int base = 0; base < groups; base += kScanThreads) {
     const int g = base + threadIdx.x;
-    const int end = max(carry, block_inclusive_scan(g < groups ? ranges[g].y : 0, max_op,
+    const int end = max(carry, block_inclusive_scan(g < groups ? ranges[g].end : 0, max_op,
                                                     scratch));
-    if (g < groups) ranges[g].y = end;
+    if (g < groups) ranges[g].end = end;
     if (threadIdx.x == kScanThreads - 1) scratch[0] = end;
     __syncthreads();
     carry = scratch[0];
@@ -222,8 +232,8 @@ __global__ void __launch_bounds__(kScanThreads)
        base -= kScanThreads) {
     const int g = base + kScanThreads - 1 - threadIdx.x;  // reversed within the chunk
     const int first = min(carry, block_inclusive_scan(
-                                     g < groups ? ranges[g].x : INT_MAX, min_op, scratch));
-    if (g < groups) ranges[g].x = min(first, ranges[g].y);
+                                     g < groups ? ranges[g].first : INT_MAX, min_op, scratch));
+    if (g < groups) ranges[g].first = min(first, ranges[g].end);
     if (threadIdx.x == kScanThreads - 1) scratch[0] = first;
     __syncthreads();
     carry = scratch[0];
@@ -231,7 +241,7 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
-// Fills p.mask_ranges ((batch, mask_range_groups(p)) int4) for the variant V.
+// Fills p.mask_ranges ((batch, mask_range_groups(p)) MaskRange) for the variant V.
 template <class V>
 cudaError_t compute_mask_ranges(AttentionParams const& p, cudaStream_t stream) {
   const int groups = mask_range_groups(p);
