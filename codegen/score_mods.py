@@ -16,14 +16,15 @@ from dataclasses import dataclass
 class ScoreModKind:
     name: str                # in the config's `score_mods`, spec names and dispatch
     cpp_type: str            # the policy the templates instantiate
-    kinds: tuple[str, ...]   # the kernel kinds that take it
+    kinds: tuple[str, ...]   # the kernel kinds that take it (decode: only one that reads no
+                             # head: a decode tile's rows are all the heads of a KV head)
 
 
 SCORE_MODS = {m.name: m for m in (
     ScoreModKind("none", "flashgen::IdentityScore", ("fwd", "bwd", "decode")),
     # softcap * tanh(s * softmax_scale / softcap) (Gemma-2, Grok), the cap at run time
     # (params.h's softcap).
-    ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd")),
+    ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "decode")),
     # ALiBi, the slopes at run time (params.h's alibi_slopes).
     ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd")),
 )}

@@ -90,7 +90,8 @@ class Variant:
                  "namespace flashgen::variants {", f"struct {self.name} {{"]
         lines += [f"  VariantTensor<const {t.cpp_type}, {len(t.dims)}> {t.name};"
                   for t in self.tensors]
-        lines.append(f"  static constexpr bool kUnitGradient = {'true' if self.unit_gradient else 'false'};")
+        unit = "true" if self.unit_gradient else "false"
+        lines.append(f"  static constexpr bool kUnitGradient = {unit};")
         inits = ", ".join(
             f"{t.name}(p.variant_tensor{i}, "
             + ", ".join(f"p.variant_size{i}_{d}" for d in range(MAX_RANK)) + ")"

@@ -21,7 +21,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
-    mask, band and scores as in the forward. deterministic=True gives bit-identical gradients
+    mask, band and mods as in the forward. deterministic=True gives bit-identical gradients
     across runs. The gradients are allocated as the forward's output is (launch.empty_output):
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.

@@ -15,7 +15,7 @@ from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
 from codegen.masks import Band
 from codegen.params import WINDOW_UNBOUNDED
-from codegen.score_mods import PLAIN
+from codegen.score_mods import Modifiers
 from flashgen import dispatch, forward, launch, loader, registry
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
@@ -54,12 +54,13 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-           cache_batch_idx, block_table, scale: float, window_left: int, window_right: int,
-           rotary_interleaved: bool, num_splits: int):
+           cache_batch_idx, block_table, scale: float, softcap: float, window_left: int,
+           window_right: int, rotary_interleaved: bool, num_splits: int):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
     inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
     first (rotated when rotary_cos is given). The queries see the band of keys that
-    validate.band describes, aligned bottom-right per sequence (causal: window_right 0)."""
+    validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
+    > 0 caps the scores."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not launch.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -86,12 +87,14 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         mask = "none"
     device_index = q.get_device()
     packed_rows = seqlen_q * (heads // heads_kv)
-    launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS)
+    mods = Modifiers(softcap)
+    launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
+                            mods.score_mod)
     spec = launcher.spec
     attention = None
     if num_splits == 0:  # a forced split count runs on the decode kernel, which splits
         attention = _cache_forward(device_index, dtype, head_dim, mask, batch * heads, seqlen_q,
-                                   q, k_cache, v_cache, paged)
+                                   q, k_cache, v_cache, paged, mods.score_mod)
 
     # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -116,7 +119,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     args = params.decode_args(
         q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
         heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity,
-        **PLAIN.fields(scale), **band.fields(), num_splits=num_splits,
+        **mods.fields(scale), **band.fields(), num_splits=num_splits,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
         cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
@@ -138,7 +141,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         cache = {name: getattr(args, name) for name in _CACHE_FIELDS}
         forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
                     scale, band, {**fields, **cache}, batch=batch,
-                    seqlen_k=capacity)
+                    seqlen_k=capacity, mods=mods)
     return out, lse
 
 
@@ -146,14 +149,15 @@ _CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
 
 
 def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-                   seqlen_q: int, q, k_cache, v_cache, paged: bool):
+                   seqlen_q: int, q, k_cache, v_cache, paged: bool, score_mod: str):
     """The (launcher, fields) of a forward that runs this call over the cache (chunked
     prefill), or None for the decode kernel: too few new tokens, no family's forward reads a
     cache at this head dim, pages that are not whole key blocks of its tile, or views its TMA
     descriptors cannot take."""
     if seqlen_q < FORWARD_PREFILL_TOKENS:
         return None
-    attention = forward.plan(device_index, dtype, head_dim, mask, batch_heads, seqlen_q, "cache")
+    attention = forward.plan(device_index, dtype, head_dim, mask, batch_heads, seqlen_q, "cache",
+                             score_mod)
     if attention is None:
         return None
     if paged and k_cache.shape[1] % attention[0].spec.tile.block_n:
@@ -164,20 +168,22 @@ def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batc
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, causal: bool, seqlen_q: int,
-               group: int = 1):
+               group: int = 1, score_mod: str = "none"):
     """The decode kernel a call without a window runs (the bench reports its tile)."""
     mask = "causal" if causal and seqlen_q > 1 else "none"
-    return _plan(device.index, dtype, head_dim, mask, seqlen_q * group >= PREFILL_ROWS)[0].spec
+    return _plan(device.index, dtype, head_dim, mask, seqlen_q * group >= PREFILL_ROWS,
+                 score_mod)[0].spec
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(device_index: int, dtype: str, head_dim: int, mask: str, prefill: bool = False):
+def _plan(device_index: int, dtype: str, head_dim: int, mask: str, prefill: bool = False,
+          score_mod: str = "none"):
     """The decode launcher of this head dim (its own: a cache cannot be padded in place), its
     first alt tile for prefill-sized calls where the config has one, and the blocks of its tile
     the GPU runs at once."""
     props = torch.cuda.get_device_properties(device_index)
     arch = arch_for_capability(props.major, props.minor)
-    choices = registry.candidates(arch, "decode", dtype, head_dim, mask)
+    choices = registry.candidates(arch, "decode", dtype, head_dim, mask, score_mod)
     choice = choices[1] if prefill and len(choices) > 1 else choices[0]
     if choice.pad_head_dim:
         raise dispatch.DispatchError(

@@ -25,9 +25,10 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
 
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
-    i + band.offset - band.left <= j <= i + band.offset + band.right. scores: the score
-    modifier and its arguments (codegen/score_mods.py). With cu_seqlens_q and cu_seqlens_k (int32, batch + 1) the views are a
-    variable-length batch packed as (1, total, heads, dim), its longest sequences max_seqlen_q and
+    i + band.offset - band.left <= j <= i + band.offset + band.right. mods: the score modifier,
+    the variant and their arguments (codegen/score_mods.py's Modifiers). With cu_seqlens_q and
+    cu_seqlens_k (int32, batch + 1) the views are a variable-length batch packed as (1, total,
+    heads, dim), its longest sequences max_seqlen_q and
     max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).
     seqused_k and page_table are the op schema's room for layouts not implemented here.
     """
@@ -141,12 +142,12 @@ _READERS = {"dense": lambda family: True,
 
 
 def plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-         seqlen_q: int, reads: str = "dense"):
+         seqlen_q: int, reads: str = "dense", score_mod: str = "none"):
     """_plan, or None where no configured family's forward reads `reads` at this head dim
     unpadded (a KV cache is not padded: chunked prefill then runs on the decode kind)."""
     try:
         launcher, padded_head_dim, fields, _ = _plan(device_index, dtype, head_dim, mask,
-                                                     batch_heads, seqlen_q, reads)
+                                                     batch_heads, seqlen_q, reads, score_mod)
     except NotImplementedError:
         return None
     return None if padded_head_dim is not None else (launcher, fields)

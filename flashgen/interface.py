@@ -24,8 +24,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     outside the window are never read. softcap > 0 replaces each scaled score s by
     softcap * tanh(s / softcap). alibi_slopes, fp32 (nheads,) or (batch, nheads), adds
     -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (not with
-    softcap; the slopes get no gradient). The causal mask is aligned to the bottom-right corner of the
-    score matrix. Returns
+    softcap; the slopes get no gradient). The causal mask is aligned to the bottom-right corner of
+    the score matrix. Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
     softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
     output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it

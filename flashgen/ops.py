@@ -40,9 +40,10 @@ _VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
                 "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
                 "str variant, " + _VARIANT_TENSOR_ARGUMENTS + "Tensor? mask_ranges, "
-                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-                "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
-                "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)", tags=_TAGS)
+                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
+                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
+                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
+                tags=_TAGS)
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                 "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
                 "float softcap, Tensor? alibi_slopes, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
@@ -58,22 +59,22 @@ _LIBRARY.define("mask_ranges(str variant, Tensor q, Tensor k, Tensor[] variant_t
 
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
 # caches in place at cache_seqlens; the queries see the band window_left .. window_right around
-# their position (bottom-right aligned per sequence, codegen/masks.py); num_splits 0 lets
-# flashgen/decode.py choose. Not differentiable.
+# their position (bottom-right aligned per sequence, codegen/masks.py); softcap > 0 caps the
+# scores; num_splits 0 lets flashgen/decode.py choose. Not differentiable.
 _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
                 "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
-                "Tensor? cache_batch_idx, Tensor? block_table, float scale, int window_left, "
-                "int window_right, bool rotary_interleaved, int num_splits) "
+                "Tensor? cache_batch_idx, Tensor? block_table, float scale, float softcap, "
+                "int window_left, int window_right, bool rotary_interleaved, int num_splits) "
                 "-> (Tensor out, Tensor lse)", tags=_TAGS)
 
 
 def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
               heads_first: bool, varlen: tuple = (), mods: Modifiers = Modifiers()):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
-    dtype; band: the mask's run-time arguments; scores: the score modifier's. Differentiable in
-    q, k and v (not through lse); deterministic only concerns the backward, which it makes
-    bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) for a
-    variable-length batch packed into (1, total, heads, dim) views."""
+    dtype; band: the mask's run-time arguments; mods: the score modifier's and the variant's.
+    Differentiable in q, k and v (not through lse); deterministic only concerns the backward,
+    which it makes bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+    max_seqlen_k) for a variable-length batch packed into (1, total, heads, dim) views."""
     variant = mods.variant
     arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, mods.softcap,
                  mods.alibi_slopes, "" if variant is None else variant.name,

@@ -54,7 +54,7 @@ def test_chunked_prefill_takes_a_forward_that_reads_the_cache_from_256_new_token
         q = torch.empty(1, new_tokens, 8, 64)
         cache = torch.empty(4, page_size or 1024, 2, 64)
         return decode._cache_forward(0, "bf16", 64, "causal", 8, new_tokens, q, cache, cache,
-                                     page_size is not None) is not None
+                                     page_size is not None, "none") is not None
 
     assert decode.FORWARD_PREFILL_TOKENS == 256
     assert not runs_on_forward(255) and runs_on_forward(256)

@@ -30,7 +30,7 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
              if s.score_mod in ("none", "softcap")
              and (s.score_mod == "none") == ((s.family, s.kind, s.arch) in plain)]
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["causal"],
-                             kinds=["bwd"], family_names=["hopper"])
+                             kinds=["bwd"], family_names=["hopper"], score_mods=["none", "softcap"])
     specs += enumerate_specs(config, head_dims=[96], dtypes=["bf16"], masks=["causal"],
                              kinds=["bwd"], archs=["sm_80"], score_mods=["alibi"])
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["document"],

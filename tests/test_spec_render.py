@@ -22,9 +22,9 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # Forward and backward kernels x 3 masks x 3 score modifiers (none, softcap, alibi): mma (2
     # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
     # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
-    # decode kernels, which take no score modifier: (2 archs x 2 head dims + 2 sm_90 alt tiles) x
-    # 2 dtypes x 3 masks.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 3 + (2 * 2 + 2) * 2 * 3)
+    # decode kernels, which take softcap alone of the score modifiers: (2 archs x 2 head dims + 2
+    # sm_90 alt tiles) x 2 dtypes x 3 masks x 2.
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 3 + (2 * 2 + 2) * 2 * 3 * 2)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
     # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
@@ -34,8 +34,8 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 + 46) * 3 + 24 + sm_90_variants)
-    assert not any(s.kind == "decode" and s.score_mod != "none" for s in specs)
+        ((2 * 6 + 3) * 2 * 3 + 46) * 3 + 24 * 2 + sm_90_variants)
+    assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap"}
     assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
                                                             "relative_bias"}
 
@@ -67,7 +67,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims
-    assert len(specs) == ((2 * 2 * 6 * 3 + 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 3
+    assert len(specs) == ((2 * 2 * 6 * 3 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 3
                           + 5 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod)
                 for s in specs}) == len(specs)
@@ -84,9 +84,8 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     assert f'extern "C" int {spec.name}(' in text
     values = ", ".join(str(getattr(spec.tile, key)) for key in spec.tile.keys())
     assert f"flashgen::{traits}<{spec.head_dim}, {values}, " in text
-    # the first spec is causal, without a score modifier (the decode kind takes none)
-    score_mod = "" if kind == "decode" else ", flashgen::IdentityScore"
-    assert f"launch_{kind}<Traits, flashgen::CausalMask{score_mod}>" in text
+    # the first spec without a score modifier or variant is causal
+    assert f"launch_{kind}<Traits, flashgen::CausalMask, flashgen::IdentityScore>" in text
 
 
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):

@@ -69,14 +69,16 @@ def rotate(x, cos, sin, positions, interleaved):
     return torch.cat([out, x[..., 2 * half:]], dim=-1)
 
 
-def reference(q, k_logical, v_logical, lengths, causal):
-    """(fp32 reference out, lse) and PyTorch's same-dtype out, per sequence of its own length."""
+def reference(q, k_logical, v_logical, lengths, causal, **kwargs):
+    """(fp32 reference out, lse) and PyTorch's same-dtype out, per sequence of its own length
+    (kwargs: more of attention_ref's arguments)."""
     outs = {True: [], False: []}
     lses = []
     for b, length in enumerate(lengths):
         for upcast in (True, False):
             o, lse = attention_ref(q[b:b + 1], k_logical[b:b + 1, :length],
-                                   v_logical[b:b + 1, :length], causal=causal, upcast=upcast)
+                                   v_logical[b:b + 1, :length], causal=causal, upcast=upcast,
+                                   **kwargs)
             outs[upcast].append(o)
             if upcast:
                 lses.append(lse)
@@ -355,7 +357,8 @@ def _inputs(dtype=torch.float16):
                         k=a["q"][:, :, :2], v=a["q"][:, :, :2]), "q's dtype"),
     (lambda a: a.update(num_splits=-1), "num_splits must be an int >= 0"),
     (lambda a: a.update(window_size=(-3, 0)), "window_size"),
-    (lambda a: a.update(softcap=30.0), "softcap"),
+    (lambda a: a.update(softcap=-30.0), "softcap must be a finite number >= 0"),
+    (lambda a: a.update(alibi_slopes=torch.ones(4, device="cuda")), "alibi_slopes"),
     (lambda a: a.update(cache_leftpad=a["cache_seqlens"]), "cache_leftpad"),
 ])
 def test_bad_input_names_the_argument(change, message):

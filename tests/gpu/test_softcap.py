@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen import (backward, decode, flash_attn_func, flash_attn_varlen_func,
+                      flash_attn_with_kvcache, forward)
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
                                      make_qkv)
@@ -75,6 +76,32 @@ def test_deterministic_gradients_are_bit_identical(head_dim, each_family):
     assert all(torch.equal(a, b) for a, b in zip(first, grads()))
     assert backward.kernel_for(q.device, "bf16", head_dim, "causal",
                                score_mod="softcap").score_mod == "softcap"
+
+
+@pytest.mark.parametrize("num_splits", [0, 3])
+@pytest.mark.parametrize("new_tokens", [1, 4, 300], ids=lambda n: f"new{n}")
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kvcache_decode_and_chunked_prefill_are_capped(head_dim, page_size, new_tokens,
+                                                       num_splits):
+    """The decode kernels (one or a few new tokens, split or not) and, from 256 new tokens with
+    num_splits=0, the forward that reads the cache."""
+    from tests.gpu.test_kvcache import Cache, reference
+
+    batch, capacity, dtype = 3, 704, torch.bfloat16
+    lengths = [capacity, 333, new_tokens]
+    cache = Cache(batch, capacity, 2, head_dim, dtype, lengths, page_size)
+    q = 3 * torch.randn(batch, new_tokens, 8, head_dim, device="cuda").to(dtype)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                       block_table=cache.block_table, causal=True, softcap=10.0,
+                                       num_splits=num_splits, return_softmax_lse=True)
+    ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
+                                         lengths, True, softcap=10.0)
+    assert_close_fa2(out, ref, same_dtype)
+    assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
+    assert decode.kernel_for(q.device, "bf16", head_dim, True, new_tokens, group=4,
+                             score_mod="softcap").score_mod == "softcap"
 
 
 @pytest.mark.parametrize("softcap", [-1.0, float("inf")])

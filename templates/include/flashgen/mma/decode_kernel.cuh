@@ -14,6 +14,7 @@
 #include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
 #include "flashgen/mma/accumulator.cuh"
 #include "flashgen/mma/fwd_traits.cuh"
 #include "flashgen/mma/gemm.cuh"
@@ -30,8 +31,10 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
                "r"(valid ? 16 : 0));
 }
 
-// Mask: a policy of common/mask.cuh, applied to each packed row's token.
-template <class Traits, class Mask>
+// Mask: a policy of common/mask.cuh, applied to each packed row's token. ScoreMod: of
+// common/score_mod.cuh, one that reads no head (a tile's rows belong to every head of the group):
+// the kinds whose codegen/score_mods.py entry lists decode.
+template <class Traits, class Mask, class ScoreMod>
 __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodeParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -56,6 +59,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   const KvCacheRows cache(p, batch, head_kv);
   // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
   const Mask mask(p, batch, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  const ScoreMod score_mod(p, batch, head_kv * group, cache.seqlen_k - p.seqlen_q);
   const int first_token = row0 / group;
   const int last_token = (min(packed_rows, row0 + kBlockM) - 1) / group;
 
@@ -179,6 +183,13 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
       clear(acc_s);
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
               smem_copy_k);
+      if constexpr (!ScoreMod::kIdentity) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = score_mod.apply(acc_s(i), (row0 + get<0>(tScS(i))) / group,
+                                     n_block * kBlockN + get<1>(tScS(i)));
+        }
+      }
       // The visible keys of a token are one run, which moves right with the token: a tile whose
       // last key the first token sees and whose first key the last token sees needs no mask.
       if (!mask.visible(first_token, (n_block + 1) * kBlockN - 1) ||

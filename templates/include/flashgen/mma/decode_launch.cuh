@@ -14,7 +14,7 @@
 
 namespace flashgen {
 
-template <class Traits, class Mask>
+template <class Traits, class Mask, class ScoreMod>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
@@ -38,7 +38,7 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   const dim3 grid(unsigned((packed_rows + Traits::kBlockM - 1) / Traits::kBlockM),
                   unsigned(p.num_splits), unsigned(p.batch * p.heads_kv));
   if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
-  auto kernel = decode_kernel<Traits, Mask>;
+  auto kernel = decode_kernel<Traits, Mask, ScoreMod>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
