@@ -76,6 +76,12 @@ ATTENTION_FIELDS = (
           "seqlen_q; slope = alibi_slopes[batch * alibi_batch_stride + head]", default=0),
     Field("alibi_batch_stride", "int64_t", "0: one slope per head for every sequence",
           default=0),
+    Field("attn_bias", "const float*", "The bias score modifier's (batch, heads, seqlen_q, "
+          "seqlen_k) fp32 tensor added to the scaled scores (SDPA's attn_mask; -inf hides a key), "
+          "keys contiguous, any other strides (0 broadcasts)", default=0),
+    Field("attn_bias_batch_stride", "int64_t", default=0),
+    Field("attn_bias_head_stride", "int64_t", default=0),
+    Field("attn_bias_row_stride", "int64_t", default=0),
     Field("mask_ranges", "int*", "A config-defined mask's MaskRange (common/variant.cuh) per "
           "sequence and 16 query rows, (batch, ceil(seqlen_q / 16)), 4 ints each", default=0),
     *(field_ for i in range(VARIANT_TENSORS) for field_ in (

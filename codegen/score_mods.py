@@ -27,6 +27,9 @@ SCORE_MODS = {m.name: m for m in (
     ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "decode")),
     # ALiBi, the slopes at run time (params.h's alibi_slopes).
     ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd")),
+    # An additive bias per score (SDPA's attn_mask), the tensor at run time (params.h's
+    # attn_bias).
+    ScoreModKind("bias", "flashgen::ScoreBias", ("fwd", "bwd")),
 )}
 
 
@@ -36,12 +39,13 @@ _LOG2_E = math.log2(math.e)
 @dataclass(frozen=True)
 class Modifiers:
     """A call's run-time arguments beyond q, k, v, the scale and the band (params.h): softcap > 0
-    caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them
-    (at most one of the two: flashgen/validate.py checks); a config-defined variant
-    (codegen/variants.py) with its tensors, contiguous in its table's order, and, where it has a
-    mask, the mask's block ranges (common/variant.cuh)."""
+    caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them;
+    attn_bias adds to each (at most one of the three: flashgen/validate.py checks); a
+    config-defined variant (codegen/variants.py) with its tensors, contiguous in its table's
+    order, and, where it has a mask, the mask's block ranges (common/variant.cuh)."""
     softcap: float = 0.0
     alibi_slopes: object = None
+    attn_bias: object = None          # fp32 (batch, heads, seqlen_q, seqlen_k), keys contiguous
     variant: object = None            # a codegen.variants.Variant
     variant_tensors: tuple = ()
     mask_ranges: object = None
@@ -53,6 +57,8 @@ class Modifiers:
             return self.variant.name
         if self.softcap > 0:
             return "softcap"
+        if self.attn_bias is not None:
+            return "bias"
         return "none" if self.alibi_slopes is None else "alibi"
 
     def fields(self, scale: float) -> dict:
@@ -71,6 +77,11 @@ class Modifiers:
                   "alibi_slopes": 0 if slopes is None else slopes.data_ptr(),
                   "alibi_batch_stride": 0 if slopes is None or slopes.dim() == 1
                   else slopes.stride(0)}
+        if self.attn_bias is not None:
+            bias = self.attn_bias
+            fields.update(attn_bias=bias.data_ptr(), attn_bias_batch_stride=bias.stride(0),
+                          attn_bias_head_stride=bias.stride(1),
+                          attn_bias_row_stride=bias.stride(2))
         if self.mask_ranges is not None:
             fields["mask_ranges"] = self.mask_ranges.data_ptr()
         for i, tensor in enumerate(self.variant_tensors):

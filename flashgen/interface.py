@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from codegen.masks import Band
-from codegen.score_mods import PLAIN
+from codegen.score_mods import PLAIN, Modifiers
 from flashgen import ops, validate, variants
 
 
@@ -158,10 +158,12 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """Drop-in for torch.nn.functional.scaled_dot_product_attention on (batch, heads, seq, dim)
     (or (heads, seq, dim)) fp16/bf16 CUDA tensors, cast to the autocast dtype under
     torch.autocast("cuda") as PyTorch's is. The causal mask is aligned top-left, as PyTorch's.
-    Differentiable; the backward is bit-reproducible under
+    attn_mask, broadcastable to (batch, heads, seqlen_q, seqlen_k): boolean (True: the key takes
+    part) or added to the scaled scores; it gets no gradient yet, and every key block is read.
+    Differentiable in query, key and value; the backward is bit-reproducible under
     torch.use_deterministic_algorithms(True)."""
-    if attn_mask is not None or dropout_p != 0.0:
-        validate.check_unsupported(attn_mask=(attn_mask, None), dropout_p=(dropout_p, 0.0))
+    if dropout_p != 0.0:
+        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
     unbatched = isinstance(query, torch.Tensor) and query.dim() == 3
     if unbatched:
         query, key, value = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t
@@ -178,8 +180,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # views (batch, seq, heads, dim); spelled out, 0.5 us faster than a generator
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    mods = PLAIN
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("flashgen: pass attn_mask or is_causal=True, not both (as PyTorch's "
+                             "SDPA); fold the causal mask into attn_mask")
+        mods = Modifiers(attn_bias=validate.attn_bias(attn_mask, q, k.shape[1]))
     out, _ = ops.attention(q, k, v, softmax_scale, "causal" if is_causal else "none", Band(),
-                           deterministic, heads_first=True)  # causal aligned top-left
+                           deterministic, heads_first=True, mods=mods)  # causal aligned top-left
     out = out.transpose(1, 2)
     return out.squeeze(0) if unbatched else out
 

@@ -32,21 +32,23 @@ _VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
                                     for i in range(params.VARIANT_TENSORS))
 # mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
 # band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores, alibi_slopes (fp32
-# (heads,) or (batch, heads)) bias them; variant names a config-defined variant (or ""), with its
+# (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive fp32) bias them; variant names a config-defined variant (or ""), with its
 # tensors and its mask's block ranges (codegen/score_mods.py's Modifiers, flashgen/variants.py).
 # cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
 # total rows, heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the
 # kernels refuse until they exist.
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
                 "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-                "str variant, " + _VARIANT_TENSOR_ARGUMENTS + "Tensor? mask_ranges, "
+                "Tensor? attn_bias, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
+                "Tensor? mask_ranges, "
                 "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
                 "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
                 "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
                 tags=_TAGS)
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                 "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-                "float softcap, Tensor? alibi_slopes, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
+                "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, " +
+                _VARIANT_TENSOR_ARGUMENTS +
                 "Tensor? mask_ranges, bool deterministic, bool heads_first, "
                 "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
                 "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
@@ -77,7 +79,7 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
     max_seqlen_k) for a variable-length batch packed into (1, total, heads, dim) views."""
     variant = mods.variant
     arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, mods.softcap,
-                 mods.alibi_slopes, "" if variant is None else variant.name,
+                 mods.alibi_slopes, mods.attn_bias, "" if variant is None else variant.name,
                  *_slots(mods.variant_tensors), mods.mask_ranges, deterministic, heads_first)
     if varlen:
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
@@ -120,11 +122,13 @@ def _slots(tensors: tuple) -> tuple:
     return (*tensors, *(None,) * (params.VARIANT_TENSORS - len(tensors)))
 
 
-def _modifiers(softcap, alibi_slopes, variant, variant_tensors, mask_ranges) -> Modifiers:
+def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors,
+               mask_ranges) -> Modifiers:
     if not variant:
-        return Modifiers(softcap, alibi_slopes)
+        return Modifiers(softcap, alibi_slopes, attn_bias)
     tensors = tuple(t for t in variant_tensors if t is not None)
-    return Modifiers(softcap, alibi_slopes, variants.resolve(variant), tensors, mask_ranges)
+    return Modifiers(softcap, alibi_slopes, attn_bias, variants.resolve(variant), tensors,
+                     mask_ranges)
 
 
 def _runs_plain_eager(tensors) -> bool:
@@ -158,44 +162,44 @@ def _fwd_kvcache_fake(q, *_):
 
 
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
-              heads_first, *layout):
+              alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
+              deterministic, heads_first, *layout):
     return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
                            Band(mask_offset, window_left, window_right), heads_first, *layout,
-                           mods=_modifiers(softcap, alibi_slopes, variant,
+                           mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
                                            (vt0, vt1, vt2, vt3), mask_ranges))
 
 
 def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
-              heads_first, *layout):
+              alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
+              deterministic, heads_first, *layout):
     return forward.empty_outputs(q, heads_first)
 
 
 def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
-              heads_first, *layout):
+              softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
+              deterministic, heads_first, *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
     return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
                              Band(mask_offset, window_left, window_right), deterministic,
                              heads_first, *layout,
-                             mods=_modifiers(softcap, alibi_slopes, variant,
+                             mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
                                              (vt0, vt1, vt2, vt3), mask_ranges))
 
 
 def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, alibi_slopes, variant, vt0, vt1, vt2, vt3, mask_ranges, deterministic,
-              heads_first, *layout):
+              softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
+              deterministic, heads_first, *layout):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
     return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
 
 
-# flashgen::fwd's arguments scale (3) to heads_first (17) are bwd's too, in its order; among them
-# (counted from scale) the tensors alibi_slopes, variant_tensor0..3 and mask_ranges.
-_SHARED = slice(3, 18)
-_SHARED_TENSORS = (6, 8, 9, 10, 11, 12)
-_FWD_ARGUMENTS = 24
+# flashgen::fwd's arguments scale (3) to heads_first (18) are bwd's too, in its order; among them
+# (counted from scale) the tensors alibi_slopes, attn_bias, variant_tensor0..3 and mask_ranges.
+_SHARED = slice(3, 19)
+_SHARED_TENSORS = (6, 7, 9, 10, 11, 12, 13)
+_FWD_ARGUMENTS = 25
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -207,7 +211,7 @@ def _save_for_backward(ctx, inputs, output):
         shared[i] = None
     ctx.arguments = shared
     # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
-    ctx.varlen = (*inputs[18:20], *inputs[22:24]) if len(inputs) > 18 else ()
+    ctx.varlen = (*inputs[19:21], *inputs[23:25]) if len(inputs) > 19 else ()
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.

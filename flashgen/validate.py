@@ -190,3 +190,32 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
         alibi_slopes = alibi_slopes.contiguous()
     return Modifiers(alibi_slopes=alibi_slopes)
 
+
+def attn_bias(attn_mask, q, seqlen_k: int):
+    """SDPA's attn_mask as the bias score modifier's tensor: fp32, (batch, heads, seqlen_q,
+    seqlen_k) as a broadcast view (stride 0 where attn_mask broadcasts), keys contiguous; a
+    boolean mask becomes 0 where True and -inf where False. q: (batch, seq, heads, dim)."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"flashgen: attn_mask must be a torch.Tensor, got "
+                        f"{type(attn_mask).__name__}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"flashgen: attn_mask is on {attn_mask.device}, query on {q.device}")
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        raise NotImplementedError("flashgen: attn_mask gets no gradient yet; pass "
+                                  "attn_mask.detach(), or PyTorch's SDPA for a learned bias")
+    batch, seqlen_q, heads, _ = q.shape
+    shape = (batch, heads, seqlen_q, seqlen_k)
+    if attn_mask.dim() > 4 or any(n not in (1, want) for n, want in
+                                  zip(attn_mask.shape[::-1], shape[::-1])):
+        raise ValueError(f"flashgen: attn_mask of shape {tuple(attn_mask.shape)} does not "
+                         f"broadcast to (batch, heads, seqlen_q, seqlen_k) = {shape}")
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, dtype=torch.float32, device=q.device)
+        bias.masked_fill_(~attn_mask, -math.inf)
+    elif attn_mask.is_floating_point():
+        bias = attn_mask.float()
+    else:
+        raise TypeError(f"flashgen: attn_mask must be boolean or floating point, got "
+                        f"{attn_mask.dtype}")
+    bias = bias.expand(shape)
+    return bias if bias.stride(-1) == 1 else bias.contiguous()

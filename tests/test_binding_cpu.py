@@ -124,7 +124,8 @@ def problem_fields(q, k, scale, band) -> dict:
                 seqlen_k=seqlen_k, softmax_scale=scale,
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
                 **band.fields(), softcap=0.0, alibi_slopes=None, alibi_batch_stride=0,
-                mask_ranges=None, **NO_VARIANT_TENSORS, cu_seqlens_q=None, cu_seqlens_k=None)
+                attn_bias=None, attn_bias_batch_stride=0, attn_bias_head_stride=0,
+                attn_bias_row_stride=0, mask_ranges=None, **NO_VARIANT_TENSORS, cu_seqlens_q=None, cu_seqlens_k=None)
 
 
 # Unused variant tensor slots: null, every size 1.

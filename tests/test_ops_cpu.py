@@ -21,8 +21,9 @@ from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
-# The ops' variant arguments of a call without one: no name, four tensor slots, mask ranges.
-NO_VARIANT = ("", None, None, None, None, None)
+# The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
+# its four tensor slots and mask ranges.
+NO_VARIANT = (None, "", None, None, None, None, None)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
 SHAPES = [(2, 17, 33, 8, 2, 64), (1, 1, 1, 4, 4, 32), (3, 40, 9, 6, 1, 128), (2, 0, 5, 2, 2, 64)]
 
@@ -52,7 +53,7 @@ def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(FWD._schema) == (
         "flashgen::fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-        "str variant, Tensor? variant_tensor0, Tensor? variant_tensor1, "
+        "Tensor? attn_bias, str variant, Tensor? variant_tensor0, Tensor? variant_tensor1, "
         "Tensor? variant_tensor2, Tensor? variant_tensor3, Tensor? mask_ranges, "
         "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
         "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
@@ -60,7 +61,8 @@ def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-        "float softcap, Tensor? alibi_slopes, str variant, Tensor? variant_tensor0, "
+        "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, "
+        "Tensor? variant_tensor0, "
         "Tensor? variant_tensor1, Tensor? variant_tensor2, Tensor? variant_tensor3, "
         "Tensor? mask_ranges, bool deterministic, bool heads_first, "
         "Tensor? cu_seqlens_q=None, "

@@ -19,12 +19,12 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # Forward and backward kernels x 3 masks x 3 score modifiers (none, softcap, alibi): mma (2
+    # Forward and backward kernels x 3 masks x 4 score modifiers (none, softcap, alibi, bias): mma (2
     # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
     # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
     # decode kernels, which take softcap alone of the score modifiers: (2 archs x 2 head dims + 2
     # sm_90 alt tiles) x 2 dtypes x 3 masks x 2.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 3 + (2 * 2 + 2) * 2 * 3 * 2)
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 4 + (2 * 2 + 2) * 2 * 3 * 2)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
     # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
@@ -34,7 +34,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 + 46) * 3 + 24 * 2 + sm_90_variants)
+        ((2 * 6 + 3) * 2 * 3 + 46) * 4 + 24 * 2 + sm_90_variants)
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap"}
     assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
                                                             "relative_bias"}
@@ -67,7 +67,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims
-    assert len(specs) == ((2 * 2 * 6 * 3 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 3
+    assert len(specs) == ((2 * 2 * 6 * 4 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 4
                           + 5 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod)
                 for s in specs}) == len(specs)
@@ -180,9 +180,9 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
 
 def test_hopper_backward_renders_its_traits_and_launch():
     config = load_config(paths.DEFAULT_CONFIG)
-    alibi, plain, biased, capped = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
-                                                   head_dims=[128], dtypes=["bf16"],
-                                                   masks=["none"])
+    alibi, added, plain, biased, capped = enumerate_specs(
+        config, kinds=["bwd"], family_names=["hopper"], head_dims=[128], dtypes=["bf16"],
+        masks=["none"])
     text = render.render_spec(plain)
     assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
     assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::IdentityScore>" in text
@@ -190,6 +190,8 @@ def test_hopper_backward_renders_its_traits_and_launch():
             in render.render_spec(capped))
     assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Alibi>"
             in render.render_spec(alibi))
+    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::ScoreBias>"
+            in render.render_spec(added))
     # a config-defined score modifier: its struct, then the launch that wraps it
     biased_text = render.render_spec(biased)
     assert "struct relative_bias {" in biased_text and "flashgen_mask_ranges" not in biased_text

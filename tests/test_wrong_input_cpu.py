@@ -181,3 +181,26 @@ def test_one_pass_check_agrees_with_the_detailed_checks(tensors_report_their_pre
     assert good_sdpa == good
     assert validate.passes_tensor_checks(query, key, value, heads_axis=1) == (
         good and case not in DETAILED_ONLY)
+
+
+@pytest.mark.parametrize("mask, error, message", [
+    (torch.ones(3, 8, 8, dtype=torch.bool), ValueError, r"does not broadcast to \(batch, heads, "),
+    (torch.ones(8, 8, dtype=torch.int64), TypeError, "boolean or floating point"),
+    (torch.ones(8, 8, requires_grad=True), NotImplementedError, "attn_mask gets no gradient"),
+    ([[True]], TypeError, "attn_mask must be a torch.Tensor"),
+])
+def test_bad_attn_masks_name_the_argument(mask, error, message):
+    q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)  # (batch, seq, heads, dim)
+    with pytest.raises(error, match=message):
+        validate.attn_bias(mask, q, seqlen_k=8)
+
+
+def test_a_boolean_attn_mask_becomes_a_broadcast_bias():
+    q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)
+    padding = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    padding[1, ..., 3:] = False
+    bias = validate.attn_bias(padding, q, seqlen_k=5)
+    assert bias.shape == (2, 4, 8, 5) and bias.dtype == torch.float32
+    assert bias.stride()[1:3] == (0, 0) and bias.stride(-1) == 1  # broadcast, not copied
+    assert (bias[0] == 0).all() and torch.isneginf(bias[1, ..., 3:]).all()
+

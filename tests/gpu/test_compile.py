@@ -18,8 +18,9 @@ pytestmark = pytest.mark.gpu
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
-# The ops' variant arguments of a call without one: no name, four tensor slots, mask ranges.
-NO_VARIANT = ("", None, None, None, None, None)
+# The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
+# its four tensor slots and mask ranges.
+NO_VARIANT = (None, "", None, None, None, None, None)
 
 
 def flash(q, k, v):

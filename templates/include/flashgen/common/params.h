@@ -51,6 +51,12 @@ struct AttentionParams {
   const float* alibi_slopes;
   // 0: one slope per head for every sequence
   int64_t alibi_batch_stride;
+  // The bias score modifier's (batch, heads, seqlen_q, seqlen_k) fp32 tensor added to the scaled
+  // scores (SDPA's attn_mask; -inf hides a key), keys contiguous, any other strides (0 broadcasts)
+  const float* attn_bias;
+  int64_t attn_bias_batch_stride;
+  int64_t attn_bias_head_stride;
+  int64_t attn_bias_row_stride;
   // A config-defined mask's MaskRange (common/variant.cuh) per sequence and 16 query rows, (batch,
   // ceil(seqlen_q / 16)), 4 ints each
   int* mask_ranges;
@@ -241,11 +247,13 @@ struct DecodeParams : AttentionParams {
   X(q_head_stride) X(k) X(k_batch_stride) X(k_row_stride) X(k_head_stride) X(v) X(v_batch_stride) \
   X(v_row_stride) X(v_head_stride) X(batch) X(heads) X(heads_kv) X(seqlen_q) X(seqlen_k) \
   X(softmax_scale) X(scale_log2) X(mask_offset) X(window_left) X(window_right) X(softcap) \
-  X(alibi_slopes) X(alibi_batch_stride) X(mask_ranges) X(variant_tensor0) X(variant_size0_0) \
-  X(variant_size0_1) X(variant_size0_2) X(variant_size0_3) X(variant_tensor1) X(variant_size1_0) \
-  X(variant_size1_1) X(variant_size1_2) X(variant_size1_3) X(variant_tensor2) X(variant_size2_0) \
-  X(variant_size2_1) X(variant_size2_2) X(variant_size2_3) X(variant_tensor3) X(variant_size3_0) \
-  X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(cu_seqlens_q) X(cu_seqlens_k)
+  X(alibi_slopes) X(alibi_batch_stride) X(attn_bias) X(attn_bias_batch_stride) \
+  X(attn_bias_head_stride) X(attn_bias_row_stride) X(mask_ranges) X(variant_tensor0) \
+  X(variant_size0_0) X(variant_size0_1) X(variant_size0_2) X(variant_size0_3) X(variant_tensor1) \
+  X(variant_size1_0) X(variant_size1_1) X(variant_size1_2) X(variant_size1_3) X(variant_tensor2) \
+  X(variant_size2_0) X(variant_size2_1) X(variant_size2_2) X(variant_size2_3) X(variant_tensor3) \
+  X(variant_size3_0) X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(cu_seqlens_q) \
+  X(cu_seqlens_k)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
   X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \

@@ -73,6 +73,32 @@ struct Alibi {
   }
 };
 
+// SDPA's attn_mask as an additive fp32 bias per (query row, key) of each (sequence, head), divided
+// by softmax_scale here so that scale_log2 multiplies both terms; -inf hides the key. Rows and keys
+// past the sequence (a tile's padding) read nothing.
+struct ScoreBias {
+  static constexpr bool kIdentity = false;
+  static constexpr bool kUnitDerivative = true;
+  const float* bias;  // this (sequence, head)'s first row
+  int64_t row_stride;
+  int seqlen_q;
+  int seqlen_k;
+  float inv_scale;
+
+  __device__ __forceinline__ ScoreBias(AttentionParams const& p, int batch, int head,
+                                       int /*offset*/)
+      : bias(p.attn_bias + batch * p.attn_bias_batch_stride + head * p.attn_bias_head_stride),
+        row_stride(p.attn_bias_row_stride), seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k),
+        inv_scale(1.f / p.softmax_scale) {}
+  __device__ __forceinline__ float apply(float score, int row, int col) const {
+    if (row >= seqlen_q || col >= seqlen_k) return score;
+    return fmaf(__ldg(bias + row * row_stride + col), inv_scale, score);
+  }
+  __device__ __forceinline__ float derivative(float /*modified*/, int /*row*/, int /*col*/) const {
+    return 1.f;
+  }
+};
+
 // Applies the modifier to a partition of a score tile; coords holds each element's (row, col)
 // within the tile, whose first element is (row0, col0) of the sequence.
 template <class ScoreMod, class Scores, class Coords>
