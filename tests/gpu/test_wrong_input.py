@@ -70,8 +70,8 @@ def test_unconfigured_head_dim_lists_configured_and_shows_the_config():
 
 
 SDPA_CASES = {
-    "attn_mask": ({"attn_mask": torch.ones(64, 64, dtype=torch.bool)}, NotImplementedError,
-                  "attn_mask"),
+    "attn_mask_on_cpu": ({"attn_mask": torch.ones(64, 64, dtype=torch.bool)}, ValueError,
+                         "attn_mask is on cpu"),
     "dropout": ({"dropout_p": 0.5}, NotImplementedError, "dropout_p"),
     "gqa_without_flag": ({"_heads_kv": 2}, ValueError, "enable_gqa"),
     "scale_negative": ({"scale": -1.0}, ValueError, "softmax_scale"),
