@@ -53,11 +53,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         mask, band = validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
     mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
             if softcap or alibi_slopes is not None else PLAIN)
-    if variant is not None:
+    if variant is not None or variant_tensors is not None or block_mask is not None:
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q, k,
                                             q.shape[0], seqlen_q, seqlen_k, mask, band, mods)
-    elif variant_tensors is not None or block_mask is not None:
-        raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
                              mods=mods)
     return (out, lse, None) if return_attn_probs else out
@@ -111,11 +109,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     batch = cu_seqlens_q.shape[0] - 1
     mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
-    if variant is not None:
+    if variant is not None or variant_tensors is not None or block_mask is not None:
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q4, k4, batch,
                                             max_seqlen_q, max_seqlen_k, mask, band, mods, varlen)
-    elif variant_tensors is not None or block_mask is not None:
-        raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
                              varlen=varlen, mods=mods)
     out = out.squeeze(0)

@@ -113,6 +113,8 @@ def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: i
     """(mask kind, band, modifiers) of a call with variant=name: the variant's own mask where it
     has a mask_mod (the call's causal and window_size must then be off), its score modifier in
     place of softcap and ALiBi (which it does not combine with)."""
+    if name is None:
+        raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     v = resolve(name)
     if v.mask_mod:
         if mask != "none":
