@@ -36,7 +36,7 @@ SCORE_MODS = {m.name: m for m in (
 _LOG2_E = math.log2(math.e)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # by name: its fields grow
 class Modifiers:
     """A call's run-time arguments beyond q, k, v, the scale and the band (params.h): softcap > 0
     caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them;

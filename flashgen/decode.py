@@ -87,7 +87,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         mask = "none"
     device_index = q.get_device()
     packed_rows = seqlen_q * (heads // heads_kv)
-    mods = Modifiers(softcap)
+    mods = Modifiers(softcap=softcap)
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
                             mods.score_mod)
     spec = launcher.spec

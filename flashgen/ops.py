@@ -125,10 +125,11 @@ def _slots(tensors: tuple) -> tuple:
 def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors,
                mask_ranges) -> Modifiers:
     if not variant:
-        return Modifiers(softcap, alibi_slopes, attn_bias)
+        return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias)
     tensors = tuple(t for t in variant_tensors if t is not None)
-    return Modifiers(softcap, alibi_slopes, attn_bias, variants.resolve(variant), tensors,
-                     mask_ranges)
+    return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+                     variant=variants.resolve(variant), variant_tensors=tensors,
+                     mask_ranges=mask_ranges)
 
 
 def _runs_plain_eager(tensors) -> bool:

@@ -169,7 +169,7 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
 
     softcap = check_softcap(softcap) if softcap else 0.0
     if alibi_slopes is None:
-        return Modifiers(softcap) if softcap else PLAIN
+        return Modifiers(softcap=softcap) if softcap else PLAIN
     if softcap:
         raise NotImplementedError("flashgen: softcap and alibi_slopes together are not supported; "
                                   "pass one of them")

@@ -144,7 +144,8 @@ def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: i
         from flashgen import ops
 
         ranges = ops.mask_ranges(v.name, q, k, tensors, varlen)
-    return mask, band, Modifiers(mods.softcap, mods.alibi_slopes, v, tensors, ranges)
+    return mask, band, Modifiers(softcap=mods.softcap, alibi_slopes=mods.alibi_slopes, variant=v,
+                                 variant_tensors=tensors, mask_ranges=ranges)
 
 
 def compute_mask_ranges(variant: Variant, q, k, tensors: tuple, varlen: tuple,

@@ -204,3 +204,36 @@ def test_a_boolean_attn_mask_becomes_a_broadcast_bias():
     assert bias.stride()[1:3] == (0, 0) and bias.stride(-1) == 1  # broadcast, not copied
     assert (bias[0] == 0).all() and torch.isneginf(bias[1, ..., 3:]).all()
 
+
+
+def test_a_score_variant_replaces_the_score_modifier_and_keeps_the_mask():
+    from codegen.masks import Band
+    from codegen.score_mods import PLAIN
+    from flashgen import variants
+
+    q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)  # (batch, seq, heads, dim)
+    bias = torch.randn(4, 15)
+    mask, band, mods = variants.prepare("relative_bias", {"bias": bias}, None, q, q, 2, 8, 8,
+                                        "causal", Band(0), PLAIN)
+    assert mask == "causal" and band == Band(0)
+    assert mods.score_mod == "relative_bias" and mods.variant.name == "relative_bias"
+    assert mods.variant_tensors == (bias,) and mods.attn_bias is None
+    assert mods.mask_ranges is None and mods.alibi_slopes is None
+
+
+def test_a_mask_variant_takes_its_block_mask_ranges():
+    from codegen.masks import Band
+    from codegen.score_mods import PLAIN
+    from flashgen import variants
+
+    q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
+    doc_ids = torch.zeros(2, 32, dtype=torch.int32)
+    ranges = torch.zeros(2, 2, variants.MASK_RANGE_INTS, dtype=torch.int32)
+    block_mask = variants.BlockMask("document", ranges, 2, 32, 32)
+    mask, _, mods = variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32,
+                                     32, "none", Band(0), PLAIN)
+    assert mask == "document" and mods.score_mod == "none"
+    assert mods.mask_ranges is ranges and mods.variant_tensors == (doc_ids,)
+    with pytest.raises(ValueError, match="own mask_mod"):
+        variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32, 32,
+                         "causal", Band(0), PLAIN)
