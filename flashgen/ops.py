@@ -17,7 +17,7 @@ import torch
 
 from codegen import params
 from codegen.masks import Band
-from codegen.score_mods import Modifiers
+from codegen.score_mods import PLAIN, Modifiers
 from flashgen import backward, decode, forward, launch, variants
 from flashgen.validate import SUPPORTED_DTYPES
 
@@ -125,6 +125,8 @@ def _slots(tensors: tuple) -> tuple:
 def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors,
                mask_ranges) -> Modifiers:
     if not variant:
+        if softcap == 0.0 and alibi_slopes is None and attn_bias is None:
+            return PLAIN  # the common call: no object to build
         return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias)
     tensors = tuple(t for t in variant_tensors if t is not None)
     return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,

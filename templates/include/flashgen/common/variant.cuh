@@ -30,7 +30,8 @@ __host__ __device__ __forceinline__ int mask_range_groups(AttentionParams const&
 // ones) so that every family's block ranges agree, forward and backward (the hopper backward's
 // deterministic dQ order counts on it). Every row sees the keys all_first..all_last (rows that see
 // an unbroken run): tiles inside that run are not masked. Within masked tiles the mask_mod runs on
-// every element: consulting these ranges per element first measured slower (H100).
+// every element: testing these ranges per element first costs more than it saves (H100,
+// docs/performance.md section 5).
 struct alignas(16) MaskRange {
   int first, end;
   int all_first, all_last;
