@@ -48,7 +48,7 @@ CASES = {
     "window_negative": (qkv, {"window_size": (-2, 0)}, ValueError, "window_size"),
     "window_not_a_pair": (qkv, {"window_size": 8}, ValueError, "window_size"),
     "softcap_negative": (qkv, {"softcap": -30.0}, ValueError, "softcap"),
-    "alibi": (qkv, {"alibi_slopes": torch.ones(4)}, NotImplementedError, "alibi_slopes"),
+    "alibi_on_cpu": (qkv, {"alibi_slopes": torch.ones(4)}, ValueError, "alibi_slopes is on cpu"),
     "not_a_tensor": (lambda: replace(qkv(), 0, [[1.0]]), {}, TypeError, "torch.Tensor"),
 }
 
