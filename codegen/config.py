@@ -5,6 +5,7 @@ Layout of the file (see configs/default.toml):
     dtypes = ["fp16", "bf16"]
     masks = ["none", "causal"]
     score_mods = ["none", "softcap"]    # optional: score modifiers built (codegen/score_mods.py)
+    dropout = true                      # optional: the dropout twins of the built-in kernels
     [mma.sm_90.head_dim.128]            # family mma, arch sm_90, head dim 128: its forward tile
     block_m = 128
     block_n = 64
@@ -68,6 +69,9 @@ class Config:
     mask_tiles: tuple[tuple[MaskTileKey, tuple[Tile, ...]], ...] = ()
     score_mods: tuple[str, ...] = ("none",)  # codegen/score_mods.py
     variants: tuple[Variant, ...] = ()  # codegen/variants.py, by name
+    # Each built-in forward and backward kernel of a family that takes dropout (codegen/family.py)
+    # is built a second time with it (common/dropout.cuh): calls with dropout_p > 0 run those.
+    dropout: bool = False
 
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)
@@ -112,7 +116,8 @@ def parse_config(raw: dict, path: Path) -> Config:
                    "write [mma.sm_XX.head_dim.N] (and [[...alt_tiles]] for [[...variants]])")
     if "causal" in raw:
         raise fail("causal", 'write masks = ["none", "causal"] instead of causal = [false, true]')
-    _reject_unknown(raw, {"dtypes", "masks", "score_mods", "variants", *families.FAMILIES},
+    _reject_unknown(raw, {"dtypes", "masks", "score_mods", "dropout", "variants",
+                          *families.FAMILIES},
                     "top level", fail)
     dtypes = raw.get("dtypes", list(DTYPES))
     if not isinstance(dtypes, list) or not dtypes or any(d not in DTYPES for d in dtypes):
@@ -125,6 +130,9 @@ def parse_config(raw: dict, path: Path) -> Config:
             or any(m not in SCORE_MODS for m in score_mods)):
         raise fail("score_mods", f"{score_mods!r}: must be a list drawn from {list(SCORE_MODS)} "
                    f"that holds \"none\" (the plain score)")
+    dropout = raw.get("dropout", False)
+    if not isinstance(dropout, bool):
+        raise fail("dropout", f"{dropout!r}: must be true or false")
 
     tiles: dict[TileKey, tuple[Tile, ...]] = {}
     mask_tiles: dict[MaskTileKey, Tile] = {}
@@ -138,7 +146,7 @@ def parse_config(raw: dict, path: Path) -> Config:
                    f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
     variants = parse_variants(raw.get("variants", {}), fail)
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
-                  score_mods=tuple(sorted(set(score_mods))), variants=variants,
+                  score_mods=tuple(sorted(set(score_mods))), variants=variants, dropout=dropout,
                   tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
 
 

@@ -89,6 +89,11 @@ ATTENTION_FIELDS = (
               "contiguous, in the order its table declares them, each with its sizes (1 past "
               "its rank)" if i == 0 else "", default=0),
         *(Field(f"variant_size{i}_{d}", "int", "", default=1) for d in range(VARIANT_RANK)))),
+    Field("dropout_p", "float", "The probability that dropout zeroes an attention probability "
+          "(common/dropout.cuh); the kept ones are scaled by 1 / (1 - dropout_p)", default=0.0),
+    Field("dropout_seed", "const int64_t*", "(1,) int64 on the device: the dropout mask's "
+          "Philox key, drawn from torch's CUDA generator per forward call and reused by its "
+          "backward", default=0),
     Field("cu_seqlens_q", "const int*", "(batch + 1,): a variable-length batch's sequence starts "
           "in packed (1, total rows, heads, head_dim) tensors, then the total; seqlen_q and "
           "seqlen_k are then the longest lengths, each sequence's causal mask aligns bottom-right "

@@ -35,6 +35,7 @@ def render_spec(spec: KernelSpec) -> str:
     return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype],
                            mask_type=spec.mask_kind.cpp_type,
                            score_mod_type=spec.score_mod_kind.cpp_type,
+                           dropout_type=spec.dropout_type,
                            **_variant_context(spec), **family.template_context(spec))
 
 

@@ -42,13 +42,22 @@ class Modifiers:
     caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them;
     attn_bias adds to each (at most one of the three: flashgen/validate.py checks); a
     config-defined variant (codegen/variants.py) with its tensors, contiguous in its table's
-    order, and, where it has a mask, the mask's block ranges (common/variant.cuh)."""
+    order, and, where it has a mask, the mask's block ranges (common/variant.cuh); dropout_p > 0
+    drops probabilities under the Philox key in dropout_seed, a (1,) int64 device tensor
+    (common/dropout.cuh)."""
     softcap: float = 0.0
     alibi_slopes: object = None
     attn_bias: object = None          # fp32 (batch, heads, seqlen_q, seqlen_k), keys contiguous
     variant: object = None            # a codegen.variants.Variant
     variant_tensors: tuple = ()
     mask_ranges: object = None
+    dropout_p: float = 0.0
+    dropout_seed: object = None
+
+    @property
+    def dropout(self) -> bool:
+        """Whether the call runs a kernel with dropout."""
+        return self.dropout_p > 0
 
     @property
     def score_mod(self) -> str:
@@ -84,6 +93,8 @@ class Modifiers:
                           attn_bias_row_stride=bias.stride(2))
         if self.mask_ranges is not None:
             fields["mask_ranges"] = self.mask_ranges.data_ptr()
+        if self.dropout:
+            fields.update(dropout_p=self.dropout_p, dropout_seed=self.dropout_seed.data_ptr())
         for i, tensor in enumerate(self.variant_tensors):
             fields[f"variant_tensor{i}"] = tensor.data_ptr()
             fields.update({f"variant_size{i}_{d}": size for d, size in enumerate(tensor.shape)})

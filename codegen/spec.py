@@ -24,15 +24,17 @@ class KernelSpec:
     tile: Tile      # the kind's tile (its fields are the config keys)
     score_mod: str = "none"  # codegen/score_mods.py, or a variant's name
     variant: Variant | None = None  # the config-defined variant whose mask or score mod it runs
+    dropout: bool = False  # applies dropout to the probabilities (common/dropout.cuh)
 
     @cached_property
     def name(self) -> str:
         """Encodes every compile-time parameter, e.g. fwd_mma_sm90_bf16_hd128_causal_m128n64w4s2
-        (a score modifier follows the mask: ..._causal_softcap_m128...)."""
+        (a score modifier follows the mask, then dropout: ..._causal_softcap_dropout_m128...)."""
         arch = self.arch.replace("_", "")
         score_mod = "" if self.score_mod == "none" else f"{self.score_mod}_"
+        dropout = "dropout_" if self.dropout else ""
         return (f"{self.kind}_{self.family}_{arch}_{self.dtype}_hd{self.head_dim}_{self.mask}_"
-                f"{score_mod}{self.tile.suffix}")
+                f"{score_mod}{dropout}{self.tile.suffix}")
 
     @property
     def family_record(self) -> Family:
@@ -43,6 +45,11 @@ class KernelSpec:
         if self.variant is not None and self.mask == self.variant.name:
             return self.variant.mask_kind
         return MASKS[self.mask]
+
+    @property
+    def dropout_type(self) -> str:
+        """The dropout policy the templates instantiate (common/dropout.cuh)."""
+        return "flashgen::Dropout" if self.dropout else "flashgen::NoDropout"
 
     @property
     def score_mod_kind(self) -> ScoreModKind:
@@ -57,9 +64,10 @@ KINDS = ("fwd", "bwd", "decode")
 def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
     """Every spec of the config, unsorted: each (family, kind, arch, head dim, mask)'s tiles in
     the config's order (with alt_tiles=False only the main one), for every dtype and each score
-    modifier its kind takes; then each config-defined variant's (variant_axes)."""
+    modifier its kind takes; then each config-defined variant's (variant_axes); with the config's
+    `dropout`, the built-in ones of the kinds that take it again with dropout."""
     return [
-        KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod, variant)
+        KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod, variant, dropout)
         for (family, kind, arch, head_dim), _ in config.tiles
         for variant, masks, score_mods in variant_axes(config)
         if variant is None or kind in VARIANT_KINDS and (not variant.head_dims
@@ -69,7 +77,17 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
         for tile in config.tiles_of(family, kind, arch, head_dim,
                                     mask if mask in MASKS else None)[:None if alt_tiles else 1]
         for dtype in config.dtypes
+        for dropout in (False, True)[:2 if takes_dropout(config, family, kind, variant) else 1]
     ]
+
+
+DROPOUT_KINDS = ("fwd", "bwd")  # the kinds that take dropout
+
+
+def takes_dropout(config: Config, family: str, kind: str, variant: Variant | None) -> bool:
+    """Whether the config builds this family's built-in kernels of this kind with dropout too."""
+    return (config.dropout and variant is None and kind in DROPOUT_KINDS
+            and families.FAMILIES[family].dropout)
 
 
 VARIANT_KINDS = ("fwd", "bwd")  # the kinds a config-defined variant builds
@@ -88,7 +106,7 @@ def variant_axes(config: Config):
 
 def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, masks=None,
                     kinds=None, family_names=None, alt_tiles=True,
-                    score_mods=None) -> list[KernelSpec]:
+                    score_mods=None, dropout=None) -> list[KernelSpec]:
     """All specs of the config, sorted, optionally filtered (None keeps everything); with
     alt_tiles=False only the main tiles' (one spec per family, kind, arch, dtype, head dim and
     mask)."""
@@ -101,4 +119,5 @@ def enumerate_specs(config: Config, archs=None, head_dims=None, dtypes=None, mas
         and (kinds is None or s.kind in kinds)
         and (family_names is None or s.family in family_names)
         and (score_mods is None or s.score_mod in score_mods)
+        and (dropout is None or s.dropout == dropout)
     )

@@ -33,7 +33,7 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         return tuple(g.zero_() for g in grads)
     head_dim = q.shape[-1]
     launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
-                                        mods.score_mod)
+                                        mods.score_mod, mods.dropout)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
@@ -62,9 +62,9 @@ def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: f
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
-               varlen: bool = False, score_mod: str = "none"):
+               varlen: bool = False, score_mod: str = "none", dropout: bool = False):
     """The backward kernel a call runs (the bench reports its family and tile)."""
-    return _choose(device.index, dtype, head_dim, mask, varlen, score_mod)[0].spec
+    return _choose(device.index, dtype, head_dim, mask, varlen, score_mod, dropout)[0].spec
 
 
 def clear_plans() -> None:
@@ -74,13 +74,14 @@ def clear_plans() -> None:
 
 @functools.cache
 def _choose(device_index: int, dtype: str, head_dim: int, mask: str, varlen: bool = False,
-            score_mod: str = "none") -> tuple[loader.Launcher, int | None]:
+            score_mod: str = "none", dropout: bool = False) -> tuple[loader.Launcher, int | None]:
     """The backward launcher for these calls and the head dim to zero-pad to (None: no padding):
     the best family's main tile (among those that take a variable-length batch, for one),
     whatever the shape. Cached: the first call decides, later ones pay one lookup."""
     arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
     choices = registry.candidates(arch, "bwd", dtype, head_dim, mask, score_mod,
-                                  accepts=lambda family: family.varlen_backward or not varlen)
+                                  accepts=lambda family: family.varlen_backward or not varlen,
+                                  dropout=dropout)
     if not choices:  # only where a variable-length batch filtered every family out
         raise NotImplementedError(f"flashgen: no configured backward of head dim {head_dim} "
                                   f"takes a variable-length batch; configure the mma "

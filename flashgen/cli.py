@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="only forward (fwd) or backward (bwd) kernels (default: both)")
         p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),
                        help="only these kernel families (default: every configured one)")
+        p.add_argument("--dropout", choices=("with", "without"), default=None,
+                       help="only kernels with dropout, or only those without (default: both)")
 
     gen = sub.add_parser("generate", help="render the config's kernels and compile them")
     add_selection(gen)
@@ -71,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
                        "--seqlen, the cache length, narrow its grid); or alone, variants: "
                        "windows and softcap against FlexAttention "
                        "(flashgen/tools/bench/variants.py; --head-dim narrows it)")
+    bench.add_argument("--case", action="append", help="with --mode variants: only the cases "
+                       "whose names start with this (causal, window, softcap, alibi, document, "
+                       "dropout); repeat for several")
     bench.add_argument("--out", type=Path, help="write results.json and results.md here")
     bench.add_argument("--memory", action="store_true", help="peak memory of one forward call and "
                        "of forward + backward, seqlen 1k..128k, instead of speed")
@@ -99,7 +104,8 @@ def _selected(args):
     config = load_config(config_path)
     specs = enumerate_specs(config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
                             masks=args.mask, kinds=args.kind, family_names=args.family,
-                            score_mods=args.score_mod)
+                            score_mods=args.score_mod,
+                            dropout=None if args.dropout is None else args.dropout == "with")
     return config, specs
 
 
@@ -217,6 +223,7 @@ def _bench_variants(args) -> int:
     grid = dict(variants.GRID)
     if args.head_dim:
         grid["head_dims"] = tuple(args.head_dim)
+    grid["cases"] = variants.selected_cases(args.case)
     result = variants.run(grid)
     if args.out:
         for path in variants.write(result, args.out, "flashgen " + " ".join(sys.argv[1:])):
@@ -237,6 +244,15 @@ def _bench_argument_problem(args) -> str | None:
         return (f"--mode {serving.pop()} runs alone, without --memory, --overhead, --impl, "
                 f"--causal or --heads (its grid and peers are fixed; --help says which options "
                 f"narrow it)")
+    if args.case and args.mode != [bench.VARIANTS_MODE]:
+        return "--case narrows --mode variants alone"
+    if args.case:
+        from flashgen.tools.bench import variants
+
+        try:
+            variants.selected_cases(args.case)
+        except ValueError as e:
+            return str(e).removeprefix("flashgen bench: ")
     if args.memory and set(args.mode or ()) - set(bench.MEMORY_MODES):
         return (f"--memory measures --mode {' and '.join(bench.MEMORY_MODES)} (a backward's peak "
                 f"includes what its forward saved)")

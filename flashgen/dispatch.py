@@ -32,13 +32,14 @@ class Choice:
 
 def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, head_dim: int,
                mask: str, config_path: Path | str = "the config",
-               family: str | None = None, score_mod: str = "none") -> tuple[Choice, ...]:
+               family: str | None = None, score_mod: str = "none",
+               dropout: bool = False) -> tuple[Choice, ...]:
     """Every spec that can run this call, best first: each family's kernels of the smallest
     configured head dim that fits (the call's own, else the next larger one: zero-padded), the
     families with the least padding first and among those by priority; in each family the head
     dim's tiles in the config's order, the main tile first. specs: every configured spec, each (family, kind, arch,
     dtype, head dim, mask, score modifier)'s tiles in the config's order. family: only that
-    family's (None: all).
+    family's (None: all). dropout: kernels that apply it (codegen/spec.py), or those that do not.
     Raises DispatchError, saying how to configure one, when there is none."""
     arch_specs = [s for s in specs if s.arch == arch and s.kind == kind
                   and (family is None or s.family == family)]
@@ -52,7 +53,14 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
             f"the config (e.g. [mma.{arch}.head_dim.128]; shared-memory limits differ per arch) "
             f"and run `flashgen generate --arch {arch}`.")
     matching = [s for s in arch_specs if s.dtype == dtype and s.mask == mask
-                and s.score_mod == score_mod]
+                and s.score_mod == score_mod and s.dropout == dropout]
+    if dropout and not matching:
+        takers = sorted(name for name, f in families.FAMILIES.items() if f.dropout)
+        raise DispatchError(
+            f"flashgen: {config_path} builds no {dtype} {which}{what} kernels with dropout for "
+            f"mask {mask!r} and score modifier {score_mod!r} on {arch}: dropout runs on the "
+            f"{', '.join(takers)} family's built-in kernels when the config sets dropout = true "
+            f"(config-defined variants take no dropout)")
     if not matching and score_mod != "none" and any(s.score_mod == score_mod for s in specs):
         raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
                             f"with mask {mask!r} and score modifier {score_mod!r} for {arch}")

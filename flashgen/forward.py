@@ -45,7 +45,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
         batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
         q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
-        "dense" if sequences is None else "varlen", mods.score_mod)
+        "dense" if sequences is None else "varlen", mods.score_mod, mods.dropout)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -112,10 +112,11 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch_heads: int,
-               seqlen_q: int, reads: str = "dense", score_mod: str = "none") -> KernelSpec:
+               seqlen_q: int, reads: str = "dense", score_mod: str = "none",
+               dropout: bool = False) -> KernelSpec:
     """The forward kernel a call of this shape runs (the bench reports its tile)."""
     return _plan(device.index, dtype, head_dim, mask, batch_heads, seqlen_q, reads,
-                 score_mod)[0].spec
+                 score_mod, dropout)[0].spec
 
 
 def launcher_for(q, dtype: str, mask: str, score_mod: str, varlen: tuple = ()) -> loader.Launcher:
@@ -155,13 +156,13 @@ def plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: i
 
 @functools.lru_cache(maxsize=4096)
 def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,
-          seqlen_q: int, reads: str = "dense",
-          score_mod: str = "none") -> tuple[loader.Launcher, int | None, dict, bool]:
+          seqlen_q: int, reads: str = "dense", score_mod: str = "none",
+          dropout: bool = False) -> tuple[loader.Launcher, int | None, dict, bool]:
     """The launcher for a call of this shape whose k and v are `reads` (_READERS), the head dim
     to zero-pad to (None: no padding), its family's FwdParams fields and whether its kernels load
     the inputs by TMA (launch.aligned). Cached: the first call of a shape decides, later ones pay
     one lookup."""
-    choices = _candidates(device_index, dtype, head_dim, mask, score_mod)
+    choices = _candidates(device_index, dtype, head_dim, mask, score_mod, dropout)
     if reads != "dense":
         choices = tuple(c for c in choices if _READERS[reads](c.spec.family_record))
         if not choices:
@@ -176,7 +177,8 @@ def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: 
 
 
 @functools.cache
-def _candidates(device_index: int, dtype: str, head_dim: int, mask: str, score_mod: str = "none"):
+def _candidates(device_index: int, dtype: str, head_dim: int, mask: str, score_mod: str = "none",
+                dropout: bool = False):
     props = torch.cuda.get_device_properties(device_index)
     return registry.candidates(arch_for_capability(props.major, props.minor), "fwd", dtype,
-                               head_dim, mask, score_mod)
+                               head_dim, mask, score_mod, dropout=dropout)

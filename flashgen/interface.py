@@ -24,8 +24,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     outside the window are never read. softcap > 0 replaces each scaled score s by
     softcap * tanh(s / softcap). alibi_slopes, fp32 (nheads,) or (batch, nheads), adds
     -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (not with
-    softcap; the slopes get no gradient). The causal mask is aligned to the bottom-right corner of
-    the score matrix. Returns
+    softcap; the slopes get no gradient). dropout_p > 0 zeroes each attention probability with
+    that probability and scales the others by 1 / (1 - dropout_p) (training; pass 0 to evaluate):
+    the mask is drawn from torch's CUDA generator (torch.manual_seed reproduces it, CUDA graphs
+    draw a new one per replay) and the backward regenerates it; these calls run on the mma
+    family's kernels. The causal mask is aligned to the bottom-right corner of the score matrix.
+    Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
     softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
     output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it
@@ -39,7 +43,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     tensors get no gradient.
     """
     if dropout_p != 0.0:
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
+        dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
     if not validate.passes_tensor_checks(q, k, v, heads_axis=2):
         validate.check_tensors(("q", "k", "v"), q, k, v)
@@ -54,8 +58,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
             if softcap or alibi_slopes is not None else PLAIN)
     if variant is not None or variant_tensors is not None or block_mask is not None:
+        _check_no_dropout(dropout_p, variant)
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q, k,
                                             q.shape[0], seqlen_q, seqlen_k, mask, band, mods)
+    if dropout_p != 0.0:
+        mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
                              mods=mods)
     return (out, lse, None) if return_attn_probs else out
@@ -74,14 +81,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     first row and then the total (sequences may be empty); max_seqlen_q, max_seqlen_k: ints at
     least the longest lengths (nothing past them is computed; FLASHGEN_DEBUG_CHECKS=1 checks the
     device values). Each sequence's causal mask and window_size are aligned bottom-right;
-    softcap, alibi_slopes and a variant as in flash_attn_func (a variant sees positions within
-    each sequence and b the sequence's index). Returns out (total_q,
-    nheads, headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
+    dropout_p, softcap, alibi_slopes and a variant as in flash_attn_func (a variant sees
+    positions within each sequence and b the sequence's index). Returns out (total_q, nheads,
+    headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
     total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
     on the host.
     """
     if dropout_p != 0.0:
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
+        dropout_p = validate.check_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
                                   "flash_attn_with_kvcache reads paged caches")
@@ -110,12 +117,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     batch = cu_seqlens_q.shape[0] - 1
     mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
     if variant is not None or variant_tensors is not None or block_mask is not None:
+        _check_no_dropout(dropout_p, variant)
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q4, k4, batch,
                                             max_seqlen_q, max_seqlen_k, mask, band, mods, varlen)
+    if dropout_p != 0.0:
+        mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
                              varlen=varlen, mods=mods)
     out = out.squeeze(0)
     return (out, lse.squeeze(0), None) if return_attn_probs else out
+
+
+def _check_no_dropout(dropout_p: float, variant) -> None:
+    if dropout_p:
+        raise NotImplementedError(f"flashgen: dropout_p does not combine with a config-defined "
+                                  f"variant ({variant!r}) yet: its kernels are built without "
+                                  f"dropout")
 
 
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
@@ -156,10 +173,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     torch.autocast("cuda") as PyTorch's is. The causal mask is aligned top-left, as PyTorch's.
     attn_mask, broadcastable to (batch, heads, seqlen_q, seqlen_k): boolean (True: the key takes
     part) or added to the scaled scores; it gets no gradient yet, and every key block is read.
+    dropout_p as in flashgen.flash_attn_func (applied whenever it is > 0, as PyTorch's).
     Differentiable in query, key and value; the backward is bit-reproducible under
     torch.use_deterministic_algorithms(True)."""
     if dropout_p != 0.0:
-        validate.check_unsupported(dropout_p=(dropout_p, 0.0))
+        dropout_p = validate.check_dropout(dropout_p)
     unbatched = isinstance(query, torch.Tensor) and query.dim() == 3
     if unbatched:
         query, key, value = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t
@@ -182,6 +200,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             raise ValueError("flashgen: pass attn_mask or is_causal=True, not both (as PyTorch's "
                              "SDPA); fold the causal mask into attn_mask")
         mods = Modifiers(attn_bias=validate.attn_bias(attn_mask, q, k.shape[1]))
+    if dropout_p != 0.0:
+        mods = validate.with_dropout(mods, dropout_p, q.device)
     out, _ = ops.attention(q, k, v, softmax_scale, "causal" if is_causal else "none", Band(),
                            deterministic, heads_first=True, mods=mods)  # causal aligned top-left
     out = out.transpose(1, 2)

@@ -33,14 +33,16 @@ _VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
 # mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
 # band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores, alibi_slopes (fp32
 # (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive fp32) bias them; variant names a config-defined variant (or ""), with its
-# tensors and its mask's block ranges (codegen/score_mods.py's Modifiers, flashgen/variants.py).
+# tensors and its mask's block ranges (codegen/score_mods.py's Modifiers, flashgen/variants.py);
+# dropout_p > 0 drops probabilities under the Philox key in dropout_seed ((1,) int64, drawn once
+# per forward: the backward regenerates the same mask from it, common/dropout.cuh).
 # cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
 # total rows, heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the
 # kernels refuse until they exist.
 _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
                 "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
                 "Tensor? attn_bias, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
-                "Tensor? mask_ranges, "
+                "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
                 "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
                 "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
                 "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
@@ -49,7 +51,8 @@ _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tens
                 "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
                 "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, " +
                 _VARIANT_TENSOR_ARGUMENTS +
-                "Tensor? mask_ranges, bool deterministic, bool heads_first, "
+                "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
+                "bool deterministic, bool heads_first, "
                 "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
                 "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
 
@@ -80,7 +83,8 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
     variant = mods.variant
     arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, mods.softcap,
                  mods.alibi_slopes, mods.attn_bias, "" if variant is None else variant.name,
-                 *_slots(mods.variant_tensors), mods.mask_ranges, deterministic, heads_first)
+                 *_slots(mods.variant_tensors), mods.mask_ranges, mods.dropout_p,
+                 mods.dropout_seed, deterministic, heads_first)
     if varlen:
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
         arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
@@ -122,16 +126,18 @@ def _slots(tensors: tuple) -> tuple:
     return (*tensors, *(None,) * (params.VARIANT_TENSORS - len(tensors)))
 
 
-def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors,
-               mask_ranges) -> Modifiers:
+def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors, mask_ranges,
+               dropout_p, dropout_seed) -> Modifiers:
     if not variant:
-        if softcap == 0.0 and alibi_slopes is None and attn_bias is None:
+        if (softcap == 0.0 and alibi_slopes is None and attn_bias is None
+                and dropout_p == 0.0):
             return PLAIN  # the common call: no object to build
-        return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias)
+        return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
+                         dropout_p=dropout_p, dropout_seed=dropout_seed)
     tensors = tuple(t for t in variant_tensors if t is not None)
     return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                      variant=variants.resolve(variant), variant_tensors=tensors,
-                     mask_ranges=mask_ranges)
+                     mask_ranges=mask_ranges, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
 def _runs_plain_eager(tensors) -> bool:
@@ -166,43 +172,46 @@ def _fwd_kvcache_fake(q, *_):
 
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
               alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              deterministic, heads_first, *layout):
+              dropout_p, dropout_seed, deterministic, heads_first, *layout):
     return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
                            Band(mask_offset, window_left, window_right), heads_first, *layout,
                            mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
-                                           (vt0, vt1, vt2, vt3), mask_ranges))
+                                           (vt0, vt1, vt2, vt3), mask_ranges, dropout_p,
+                                           dropout_seed))
 
 
 def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
               alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              deterministic, heads_first, *layout):
+              dropout_p, dropout_seed, deterministic, heads_first, *layout):
     return forward.empty_outputs(q, heads_first)
 
 
 def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
               softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              deterministic, heads_first, *layout):
+              dropout_p, dropout_seed, deterministic, heads_first, *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
     return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
                              Band(mask_offset, window_left, window_right), deterministic,
                              heads_first, *layout,
                              mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
-                                             (vt0, vt1, vt2, vt3), mask_ranges))
+                                             (vt0, vt1, vt2, vt3), mask_ranges, dropout_p,
+                                             dropout_seed))
 
 
 def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
               softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              deterministic, heads_first, *layout):
+              dropout_p, dropout_seed, deterministic, heads_first, *layout):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
     return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
 
 
-# flashgen::fwd's arguments scale (3) to heads_first (18) are bwd's too, in its order; among them
-# (counted from scale) the tensors alibi_slopes, attn_bias, variant_tensor0..3 and mask_ranges.
-_SHARED = slice(3, 19)
-_SHARED_TENSORS = (6, 7, 9, 10, 11, 12, 13)
-_FWD_ARGUMENTS = 25
+# flashgen::fwd's arguments scale (3) to heads_first (20) are bwd's too, in its order; among them
+# (counted from scale) the tensors alibi_slopes, attn_bias, variant_tensor0..3, mask_ranges and
+# dropout_seed.
+_SHARED = slice(3, 21)
+_SHARED_TENSORS = (6, 7, 9, 10, 11, 12, 13, 15)
+_FWD_ARGUMENTS = 27
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -214,7 +223,7 @@ def _save_for_backward(ctx, inputs, output):
         shared[i] = None
     ctx.arguments = shared
     # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
-    ctx.varlen = (*inputs[19:21], *inputs[23:25]) if len(inputs) > 19 else ()
+    ctx.varlen = (*inputs[21:23], *inputs[25:27]) if len(inputs) > 21 else ()
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -9,7 +10,7 @@ import torch
 
 def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True,
                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  score_bias=None, visible=None):
+                  score_bias=None, visible=None, dropout_p=0.0, dropout_keep=None):
     """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
     (batch, seqlen_k, heads_kv, dim). Causal: query row i sees key j iff j <= i + causal_offset
     (default seqlen_k - seqlen_q: bottom-right). window_size=(left, right), -1 unbounded:
@@ -17,7 +18,9 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     right to 0). softcap > 0: each scaled score s becomes softcap * tanh(s / softcap).
     alibi_slopes (heads,) or (batch, heads): adds -slope * |i + seqlen_k - seqlen_q - j|.
     score_bias: added to the scaled scores; visible: a boolean mask (both broadcastable to
-    (batch, heads, seqlen_q, seqlen_k)), a config-defined variant's in Python.
+    (batch, heads, seqlen_q, seqlen_k)), a config-defined variant's in Python. dropout_keep: the
+    (batch, heads, seqlen_q, seqlen_k) boolean mask of kept probabilities (dropout_keep below),
+    the kept ones scaled by 1 / (1 - dropout_p); lse is the undropped softmax's.
     upcast=True computes in fp32 (the reference);
     upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
     would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
@@ -55,8 +58,51 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     probs = torch.softmax(scores, dim=-1)
     sees_no_key = torch.isneginf(scores).all(dim=-1, keepdim=True)
     probs = probs.masked_fill(sees_no_key, 0.0)  # softmax gives NaN there; the output is 0
+    if dropout_keep is not None:
+        probs = probs * dropout_keep / (1.0 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)
     return out.to(dtype), lse
+
+
+_U32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter: tuple, key0: int, key1: int) -> tuple:
+    """templates/include/flashgen/common/philox.h in torch: four int64 tensors holding uint32
+    counter words (or ints), a 64-bit key as two uint32 halves; returns the four output words.
+    int64 products wrap as uint64 would, so their high and low halves are exact."""
+    c0, c1, c2, c3 = counter
+    for round_ in range(10):
+        if round_:
+            key0, key1 = (key0 + 0x9E3779B9) & _U32, (key1 + 0xBB67AE85) & _U32
+        p0, p1 = c0 * 0xD2511F53, c2 * 0xCD9E8D57
+        c0, c1, c2, c3 = (((p1 >> 32) & _U32) ^ c1 ^ key0, p1 & _U32,
+                          ((p0 >> 32) & _U32) ^ c3 ^ key1, p0 & _U32)
+    return c0, c1, c2, c3
+
+
+def dropout_keep(seed: int, dropout_p: float, batch: int, heads: int, seqlen_q: int,
+                 seqlen_k: int, device=None) -> torch.Tensor:
+    """The kernels' dropout mask (common/dropout.cuh) for the Philox key `seed` (the int in the
+    call's dropout_seed): (batch, heads, seqlen_q, seqlen_k) bool, True where the probability
+    is kept. Element (i, j) reads word 2 * (i // 8 % 2) + j % 2 of the draw at counter
+    (j // 2, i with bit 3 cleared, batch, head), kept iff it is at least dropout_p (as the
+    kernels' fp32) times 2^32."""
+    seed &= (1 << 64) - 1
+    key0, key1 = seed & _U32, seed >> 32
+    p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
+    threshold = int(min(p32 * 4294967296.0, 4294967295.0))
+    arange = functools.partial(torch.arange, device=device, dtype=torch.int64)
+    b = arange(batch).view(-1, 1, 1, 1)
+    h = arange(heads).view(1, -1, 1, 1)
+    i = arange(seqlen_q).view(1, 1, -1, 1)
+    j = arange(seqlen_k).view(1, 1, 1, -1)
+    shape = (batch, heads, seqlen_q, seqlen_k)
+    counter = tuple(t.expand(shape) for t in (j >> 1, i & ~8, b, h))
+    words = torch.stack(philox4x32_10(counter, key0, key1), dim=-1)
+    word = (2 * ((i >> 3) & 1) + (j & 1)).expand(shape)
+    bits = words.gather(-1, word.unsqueeze(-1)).squeeze(-1)
+    return bits >= threshold
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -32,8 +32,8 @@ def specs() -> tuple[KernelSpec, ...]:
 
 def candidates(arch: str, kind: str, dtype: str, head_dim: int, mask: str,
                score_mod: str = "none",
-               accepts: Callable[[Family], bool] = lambda family: True
-               ) -> tuple[dispatch.Choice, ...]:
+               accepts: Callable[[Family], bool] = lambda family: True,
+               dropout: bool = False) -> tuple[dispatch.Choice, ...]:
     """dispatch.candidates over the active config (its errors name the config) of the families
     that `accepts` (e.g. those that take a variable-length batch), restricted to
     $FLASHGEN_FAMILY when set and that family can run the call (FLASHGEN_FAMILY=hopper forces
@@ -47,9 +47,10 @@ def candidates(arch: str, kind: str, dtype: str, head_dim: int, mask: str,
     if forced is not None and accepts(families.FAMILIES[forced]):
         try:
             return dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask,
-                                       paths.config_path(), family=forced, score_mod=score_mod)
+                                       paths.config_path(), family=forced, score_mod=score_mod,
+                                       dropout=dropout)
         except dispatch.DispatchError:
             pass  # the forced family cannot run this call: the others may
     choices = dispatch.candidates(specs(), arch, kind, dtype, head_dim, mask,
-                                  paths.config_path(), score_mod=score_mod)
+                                  paths.config_path(), score_mod=score_mod, dropout=dropout)
     return tuple(c for c in choices if accepts(c.spec.family_record))

@@ -161,6 +161,30 @@ def check_softcap(softcap) -> float:
     return float(softcap)
 
 
+def check_dropout(dropout_p) -> float:
+    """FlashAttention-2's and SDPA's dropout_p: the probability of dropping each attention
+    probability, a number in [0, 1)."""
+    import math
+
+    if (isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float))
+            or math.isnan(dropout_p) or not 0.0 <= dropout_p < 1.0):
+        raise ValueError(f"flashgen: dropout_p must be a number in [0, 1) (the probability of "
+                         f"dropping each attention probability; 0 to evaluate), got "
+                         f"{dropout_p!r}")
+    return float(dropout_p)
+
+
+def with_dropout(mods, dropout_p: float, device):
+    """mods with a checked dropout_p > 0 and a Philox key for it, drawn from torch's CUDA
+    generator of `device` by a one-element random_: torch.manual_seed reproduces a run,
+    successive calls draw new masks, and a CUDA graph draws a new key at every replay (torch's own
+    graph-safe generator state). The backward reuses the forward's key."""
+    import dataclasses
+
+    seed = torch.empty(1, dtype=torch.int64, device=device).random_()
+    return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=seed)
+
+
 def modifiers(softcap, alibi_slopes, q, batch: int):
     """The call's score modifier (codegen/score_mods.py's Modifiers) from FlashAttention-2's softcap
     and alibi_slopes: an fp32 tensor of shape (nheads,) or (batch, nheads) on q's device, its

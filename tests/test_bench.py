@@ -500,3 +500,14 @@ def test_serving_summary_compares_paged_cells_with_the_contiguous_peers():
 def test_serving_modes_run_alone():
     assert main(["bench", "--mode", "decode", "--mode", "fwd"]) == 2
     assert main(["bench", "--mode", "prefill", "--impl", "flashgen"]) == 2
+
+
+def test_variants_cases_narrow_by_name_and_need_the_variants_mode(capsys):
+    from flashgen.tools.bench import variants
+
+    assert variants.selected_cases(["dropout", "causal"]) == ("causal", "dropout 0.1")
+    assert variants.selected_cases(None) == variants.CASES
+    assert main(["bench", "--mode", "variants", "--case", "flash"]) == 2
+    assert "no variants case starts with ['flash']" in capsys.readouterr().err
+    assert main(["bench", "--mode", "fwd", "--case", "dropout"]) == 2
+    assert "--case narrows --mode variants alone" in capsys.readouterr().err

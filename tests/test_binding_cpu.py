@@ -125,7 +125,8 @@ def problem_fields(q, k, scale, band) -> dict:
                 scale_log2=ctypes.c_float(scale * math.log2(math.e)).value,
                 **band.fields(), softcap=0.0, alibi_slopes=None, alibi_batch_stride=0,
                 attn_bias=None, attn_bias_batch_stride=0, attn_bias_head_stride=0,
-                attn_bias_row_stride=0, mask_ranges=None, **NO_VARIANT_TENSORS, cu_seqlens_q=None, cu_seqlens_k=None)
+                attn_bias_row_stride=0, mask_ranges=None, **NO_VARIANT_TENSORS, dropout_p=0.0,
+                dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None)
 
 
 # Unused variant tensor slots: null, every size 1.

@@ -33,9 +33,11 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # 3 masks; forward and backward kernels x 4 score modifiers (none, softcap, alibi, bias), decode
     # none and softcap; then the config's variants at head dims 64 and 128: 5 masks (document,
     # prefix_lm, and relative_bias under each of the 3) x 2 dtypes.
-    # 6 head dims + 3 alt tiles, x 2 dtypes
-    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 + 5 * 2 * 2 * 2
-    assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 4 + 5 * 2 * 2
+    # 6 head dims + 3 alt tiles, x 2 dtypes; the built-in ones twice (with dropout)
+    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 * 2 + 5 * 2 * 2 * 2
+    assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 4 * 2 + 5 * 2 * 2
+    # (2 kinds x 2 archs x 6 head dims + 5 alt tiles) x 2 dtypes x 3 masks x 4 score modifiers
+    assert manifest.count('_dropout_') == (2 * 2 * 6 + 5) * 2 * 3 * 4
     # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes
     assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 2
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
@@ -43,7 +45,9 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 + 5 * 2 * 2 + 2
     # head dims 64 and 128 x 2 dtypes
     assert manifest.count('"name": "bwd_hopper_sm90_') == 2 * 2 * 3 * 4 + 5 * 2 * 2
-    assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == 54 + 36 + 34 + 12 + 24
+    # softcap: mma forward, backward (each twice: with dropout), hopper forward, backward, decode
+    assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
+        (54 + 36) * 2 + 34 + 12 + 24)
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -76,8 +80,8 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2" in out
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
-    # the variants' 5 masks x 5 kernels x 2 dtypes
-    assert "194 kernel(s)" in out
+    # the variants' 5 masks x 5 kernels x 2 dtypes; the 3 mma ones with dropout x 4 x 3 x 2
+    assert "266 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 
@@ -85,15 +89,19 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_" not in out and "68 kernel(s)" in out
+    assert "fwd_" not in out and "92 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "38 kernel(s)" in out
+    assert "_causal_" not in out and "62 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
-                 "--score-mod", "softcap"]) == 0
+                 "--score-mod", "softcap", "--dropout", "without"]) == 0
     out = capsys.readouterr().out
     assert out.count("_softcap_") == 12 and "12 kernel(s)" in out
+    assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
+                 "--score-mod", "softcap", "--dropout", "with"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("_softcap_dropout_") == 6 and "6 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():

@@ -108,11 +108,13 @@ def test_one_template_renders_every_mask_policy(dummy_mask, kind):
                                **CONFIG["mma"]["sm_90"]["head_dim"]["64"],
                                "backward": {"block_m": 64, "block_n": 128, "warps": 8,
                                             "q_stages": 2}}}}}}, Path("masks.toml"))
-    specs = enumerate_specs(config, kinds=[kind], dtypes=["bf16"], alt_tiles=False)
+    specs = enumerate_specs(config, kinds=[kind], dtypes=["bf16"], alt_tiles=False,
+                            dropout=False)
     rendered = {s.mask: render.render_spec(s) for s in specs}
     assert sorted(rendered) == ["causal", "dummy", "none"]
     for mask, text in rendered.items():
-        launch = f"launch_{kind}<Traits, {masks.MASKS[mask].cpp_type}, flashgen::IdentityScore>"
+        launch = (f"launch_{kind}<Traits, {masks.MASKS[mask].cpp_type}, flashgen::IdentityScore, "
+                  f"flashgen::NoDropout>")
         assert launch in text
         others = {m.cpp_type for name, m in masks.MASKS.items() if name != mask}
         assert not any(f"<Traits, {other}>" in text for other in others)

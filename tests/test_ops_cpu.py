@@ -22,8 +22,8 @@ from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
 # The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
-# its four tensor slots and mask ranges.
-NO_VARIANT = (None, "", None, None, None, None, None)
+# its four tensor slots, mask ranges, dropout_p and dropout_seed.
+NO_EXTRAS = (None, "", None, None, None, None, None, 0.0, None)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
 SHAPES = [(2, 17, 33, 8, 2, 64), (1, 1, 1, 4, 4, 32), (3, 40, 9, 6, 1, 128), (2, 0, 5, 2, 2, 64)]
 
@@ -55,6 +55,7 @@ def test_ops_are_registered_with_their_schemas_and_tags():
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
         "Tensor? attn_bias, str variant, Tensor? variant_tensor0, Tensor? variant_tensor1, "
         "Tensor? variant_tensor2, Tensor? variant_tensor3, Tensor? mask_ranges, "
+        "float dropout_p, Tensor? dropout_seed, "
         "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
         "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
         "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
@@ -64,8 +65,8 @@ def test_ops_are_registered_with_their_schemas_and_tags():
         "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, "
         "Tensor? variant_tensor0, "
         "Tensor? variant_tensor1, Tensor? variant_tensor2, Tensor? variant_tensor3, "
-        "Tensor? mask_ranges, bool deterministic, bool heads_first, "
-        "Tensor? cu_seqlens_q=None, "
+        "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, bool deterministic, "
+        "bool heads_first, Tensor? cu_seqlens_q=None, "
         "Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
         "-> (Tensor dq, Tensor dk, Tensor dv)")
     for op in (FWD, BWD):
@@ -84,7 +85,7 @@ def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
         out, lse = FWD(q, k, v, 0.125, "causal", shape[2] - shape[1], UNBOUNDED, 0, 0.0, None,
-                       *NO_VARIANT, False, heads_first)
+                       *NO_EXTRAS, False, heads_first)
     batch, seqlen_q, _, heads, _, _ = shape
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
     assert out.stride() == expected_strides(q.shape, heads_first)
@@ -97,10 +98,10 @@ def test_fwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
 def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
     with FakeTensorMode():
         q, k, v = make_qkv(shape, device="cuda")
-        out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False,
+        out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False,
                        heads_first)
         grads = BWD(torch.randn_like(out), q, k, v, out, lse, 0.125, "none", 0, UNBOUNDED, 0,
-                    0.0, None, *NO_VARIANT, True, heads_first)
+                    0.0, None, *NO_EXTRAS, True, heads_first)
     for grad, t in zip(grads, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype and grad.device == t.device
         assert grad.stride() == expected_strides(t.shape, heads_first)
@@ -238,8 +239,8 @@ def test_dynamo_traces_both_functions_into_one_graph():
         program = torch.export.export(TwoAttentions(), (q, k, v), strict=True)
     calls = flashgen_calls(program.graph)
     assert [call[3:] for call in calls] == [
-        (0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, False),
-        (0.125, "causal", 0, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, True)]
+        (0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False, False),
+        (0.125, "causal", 0, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False, True)]
 
 
 def test_dynamo_keeps_the_causal_offset_symbolic_for_dynamic_seqlens():
@@ -394,12 +395,12 @@ def test_opcheck(reference_kernels, heads_first):
     """Schema, autograd registration, fake against real strides, and AOT autograd with dynamic
     shapes (what torch.compile does), for both ops."""
     q, k, v = make_qkv(SHAPES[0], requires_grad=True)
-    forward_args = (q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False,
+    forward_args = (q, k, v, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False,
                     heads_first)
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_VARIANT, False, heads_first)
+                0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False, heads_first)
     torch.library.opcheck(BWD, bwd_args, test_utils=("test_schema", "test_faketensor",
                                                      "test_aot_dispatch_dynamic"))
 

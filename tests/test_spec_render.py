@@ -23,8 +23,10 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
     # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
     # decode kernels, which take softcap alone of the score modifiers: (2 archs x 2 head dims + 2
-    # sm_90 alt tiles) x 2 dtypes x 3 masks x 2.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 + ((5 + 2) * 3 + 2) * 2) * 4 + (2 * 2 + 2) * 2 * 3 * 2)
+    # sm_90 alt tiles) x 2 dtypes x 3 masks x 2. The config's dropout doubles the mma family's
+    # forward and backward kernels.
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + ((5 + 2) * 3 + 2) * 2) * 4
+                + (2 * 2 + 2) * 2 * 3 * 2)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
     # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
@@ -34,7 +36,10 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 + 46) * 4 + 24 * 2 + sm_90_variants)
+        ((2 * 6 + 3) * 2 * 3 * 2 + 46) * 4 + 24 * 2 + sm_90_variants)
+    assert {s.family for s in specs if s.dropout} == {"mma"}
+    assert {s.kind for s in specs if s.dropout} == {"fwd", "bwd"}
+    assert not any(s.dropout and s.variant for s in specs)
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap"}
     assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
                                                             "relative_bias"}
@@ -42,7 +47,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
 
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
-              and s.mask == "causal" and s.score_mod == "none"]
+              and s.mask == "causal" and s.score_mod == "none" and not s.dropout]
     assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
@@ -50,26 +55,31 @@ def test_name_encodes_every_compile_time_parameter(specs):
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
-    # a score modifier follows the mask
-    assert "fwd_hopper_sm90_bf16_hd128_causal_softcap_m128n128s2p1o1" in {s.name for s in specs}
+    # a score modifier follows the mask, then dropout
+    names = {s.name for s in specs}
+    assert "fwd_hopper_sm90_bf16_hd128_causal_softcap_m128n128s2p1o1" in names
+    assert "bwd_mma_sm90_bf16_hd128_causal_softcap_dropout_m64n128w8s2" in names
 
 
 def test_filters():
     config = load_config(paths.DEFAULT_CONFIG)
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["fwd"], family_names=["mma"],
-                             score_mods=["none"])
+                             score_mods=["none"], dropout=False)
     assert sorted(s.name for s in chosen) == ["fwd_mma_sm90_fp16_hd64_none_m128n64w4s2",
                                               "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
+    chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
+                             masks=["none"], kinds=["bwd"], score_mods=["none"], dropout=True)
+    assert [s.name for s in chosen] == ["bwd_mma_sm90_fp16_hd64_none_dropout_m128n128w8s2"]
 
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims
-    assert len(specs) == ((2 * 2 * 6 * 4 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 4
+    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 4
                           + 5 * 2 * (2 * 2 + 2) * 2)
-    assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod)
+    assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
 
@@ -78,14 +88,22 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
                                           ("decode", "FwdTraits")])
 def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     spec = next(s for s in specs if s.kind == kind and s.family == "mma"
-                and s.score_mod == "none" and s.variant is None)
+                and s.score_mod == "none" and s.variant is None and not s.dropout)
     text = render.render_spec(spec)
     assert text == render.render_spec(spec)
     assert f'extern "C" int {spec.name}(' in text
     values = ", ".join(str(getattr(spec.tile, key)) for key in spec.tile.keys())
     assert f"flashgen::{traits}<{spec.head_dim}, {values}, " in text
-    # the first spec without a score modifier or variant is causal
-    assert f"launch_{kind}<Traits, flashgen::CausalMask, flashgen::IdentityScore>" in text
+    # the first spec without a score modifier, variant or dropout is causal
+    policies = "flashgen::CausalMask, flashgen::IdentityScore"
+    if kind == "decode":
+        assert f"launch_{kind}<Traits, {policies}>" in text
+    else:
+        assert f"launch_{kind}<Traits, {policies}, flashgen::NoDropout>" in text
+        twin = next(s for s in specs if s.dropout and s.kind == kind and s.arch == spec.arch
+                    and s.head_dim == spec.head_dim and s.mask == "causal"
+                    and s.score_mod == "none")
+        assert f"launch_{kind}<Traits, {policies}, flashgen::Dropout>" in render.render_spec(twin)
 
 
 def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):

@@ -25,9 +25,12 @@ def test_sdpa_cpu_tensors():
         scaled_dot_product_attention(q, q, q)
 
 
-def test_unsupported_arguments_name_themselves():
-    with pytest.raises(NotImplementedError, match="dropout_p"):
-        flash_attn_func(*cpu_qkv(), dropout_p=0.1)
+@pytest.mark.parametrize("dropout_p", [-0.1, 1.0, 1.5, float("nan"), "0.1", True])
+def test_bad_dropout_p_names_the_argument(dropout_p):
+    for call in (lambda: flash_attn_func(*cpu_qkv(), dropout_p=dropout_p),
+                 lambda: scaled_dot_product_attention(*cpu_qkv(), dropout_p=dropout_p)):
+        with pytest.raises(ValueError, match=r"dropout_p must be a number in \[0, 1\)"):
+            call()
 
 
 @pytest.mark.parametrize("slopes, error, message", [

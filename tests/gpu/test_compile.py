@@ -19,8 +19,8 @@ pytestmark = pytest.mark.gpu
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
 # The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
-# its four tensor slots and mask ranges.
-NO_VARIANT = (None, "", None, None, None, None, None)
+# its four tensor slots, mask ranges, dropout_p and dropout_seed.
+NO_EXTRAS = (None, "", None, None, None, None, None, 0.0, None)
 
 
 def flash(q, k, v):
@@ -186,12 +186,12 @@ def test_opcheck_with_the_real_kernels(mask, window, softcap, heads_first):
     """Schema, autograd registration, fake against real shapes and strides, and AOT autograd
     with dynamic shapes."""
     q, k, v = make_qkv(seqlen_q=113, seqlen_k=203, head_dim=128)
-    forward_args = (q, k, v, 0.125, mask, 203 - 113, *window, softcap, None, *NO_VARIANT, True,
+    forward_args = (q, k, v, 0.125, mask, 203 - 113, *window, softcap, None, *NO_EXTRAS, True,
                     heads_first)
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
     backward_args = (torch.randn_like(out), *(t.detach() for t in (q, k, v, out, lse)), 0.125,
-                     mask, 203 - 113, *window, softcap, None, *NO_VARIANT, True,
+                     mask, 203 - 113, *window, softcap, None, *NO_EXTRAS, True,
                      heads_first)
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(BWD, backward_args, test_utils=checks)

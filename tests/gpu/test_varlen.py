@@ -138,7 +138,7 @@ def _bad(change):
     (lambda a: a.update(q=a["q"][None]), r"q must be \(total, nheads, headdim\)"),
     (lambda a: a.update(k=a["k"][:, :3], v=a["v"][:, :3]), "multiple of"),
     (lambda a: a.update(block_table=a["cu_seqlens_q"]), "block_table"),
-    (lambda a: a.update(dropout_p=0.1), "dropout_p"),
+    (lambda a: a.update(dropout_p=1.5), r"dropout_p must be a number in \[0, 1\)"),
 ])
 def test_bad_input_names_the_argument(change, message):
     with pytest.raises((ValueError, TypeError, NotImplementedError), match=message):

@@ -44,7 +44,7 @@ CASES = {
     "scale_inf": (qkv, {"softmax_scale": float("inf")}, ValueError, "softmax_scale"),
     "scale_zero": (qkv, {"softmax_scale": 0.0}, ValueError, "softmax_scale"),
     "scale_negative": (qkv, {"softmax_scale": -0.1}, ValueError, "softmax_scale"),
-    "dropout": (qkv, {"dropout_p": 0.1}, NotImplementedError, "dropout_p"),
+    "dropout_one": (qkv, {"dropout_p": 1.0}, ValueError, r"dropout_p must be a number in \[0, 1"),
     "window_negative": (qkv, {"window_size": (-2, 0)}, ValueError, "window_size"),
     "window_not_a_pair": (qkv, {"window_size": 8}, ValueError, "window_size"),
     "softcap_negative": (qkv, {"softcap": -30.0}, ValueError, "softcap"),
@@ -72,7 +72,7 @@ def test_unconfigured_head_dim_lists_configured_and_shows_the_config():
 SDPA_CASES = {
     "attn_mask_on_cpu": ({"attn_mask": torch.ones(64, 64, dtype=torch.bool)}, ValueError,
                          "attn_mask is on cpu"),
-    "dropout": ({"dropout_p": 0.5}, NotImplementedError, "dropout_p"),
+    "dropout_negative": ({"dropout_p": -0.5}, ValueError, r"dropout_p must be a number in \[0,"),
     "gqa_without_flag": ({"_heads_kv": 2}, ValueError, "enable_gqa"),
     "scale_negative": ({"scale": -1.0}, ValueError, "softmax_scale"),
 }

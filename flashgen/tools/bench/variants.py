@@ -2,7 +2,8 @@
 (torch.compile'd flex_attention, its block mask built once outside the timing) on the same
 inputs in one process, forward and forward + backward; plain causal also against SDPA's
 FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION. A window wider than the sequence is timed
-against flashgen's own dense kernel (it must cost nothing).
+against flashgen's own dense kernel (it must cost nothing). Dropout, which FlexAttention does not
+take, is timed against those two SDPA backends with the same dropout_p.
 
 Every case is causal at seqlen 8k, batch 2, 16 heads (the issue's shapes), at head dims 128 and
 64. flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim)
@@ -23,8 +24,10 @@ GRID = {"dtype": "bf16", "batch": 2, "heads": 16, "seqlen": 8192, "head_dims": (
 WINDOW = 1024
 SOFTCAP = 30.0
 DOCUMENTS = 8
+DROPOUT = 0.1
 CASES = ("causal", f"window {WINDOW}", f"softcap {SOFTCAP:g}", "alibi",
-         f"document mask ({DOCUMENTS} docs)", "window wider than the sequence")
+         f"document mask ({DOCUMENTS} docs)", "window wider than the sequence",
+         f"dropout {DROPOUT:g}")
 SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
@@ -57,6 +60,8 @@ def _flashgen(case: str, inputs: Inputs, q, k):
         kwargs["softcap"] = SOFTCAP
     elif case == "alibi":
         kwargs["alibi_slopes"] = inputs.slopes
+    elif case.startswith("dropout"):
+        kwargs["dropout_p"] = DROPOUT
     elif case.startswith("document"):
         tensors = {"doc_ids": inputs.doc_ids}
         kwargs = {"variant": "document", "variant_tensors": tensors,
@@ -102,7 +107,7 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
-def _sdpa(backend_name: str):
+def _sdpa(backend_name: str, dropout_p: float = 0.0):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -110,8 +115,19 @@ def _sdpa(backend_name: str):
 
     def call(q, k, v):
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p)
     return call
+
+
+def selected_cases(prefixes=None) -> tuple[str, ...]:
+    """The cases whose names start with one of the prefixes (None: every case)."""
+    if not prefixes:
+        return CASES
+    chosen = tuple(c for c in CASES if any(c.startswith(p) for p in prefixes))
+    if not chosen:
+        raise ValueError(f"flashgen bench: no variants case starts with {list(prefixes)}; cases: "
+                         f"{list(CASES)}")
+    return chosen
 
 
 def _time(mode: str, fn, inputs) -> dict:
@@ -135,18 +151,18 @@ def run(grid: dict = GRID, log=print) -> dict:
         bshd = [[torch.randn(batch, seqlen, heads, head_dim, device="cuda", dtype=dtype)
                  for _ in range(3)] for _ in range(2)]
         bhsd = [[t.transpose(1, 2).contiguous() for t in tensors] for tensors in bshd]
-        for case in CASES:
+        for case in grid.get("cases", CASES):
             impls = {"flashgen": _flashgen(case, inputs, *bshd[0][:2])}
             layouts = {"flashgen": bshd}
             if "wider" in case:
                 impls["flashgen causal"] = lambda q, k, v: flash_attn_func(q, k, v, causal=True)
                 layouts["flashgen causal"] = bshd
-            else:
+            elif not case.startswith("dropout"):
                 impls["FlexAttention"] = _flex(case, inputs, batch, heads, seqlen)
                 layouts["FlexAttention"] = bhsd
-            if case == "causal":
+            if case == "causal" or case.startswith("dropout"):
                 for peer in SDPA_PEERS:
-                    impls[peer] = _sdpa(peer)
+                    impls[peer] = _sdpa(peer, DROPOUT if case.startswith("dropout") else 0.0)
                     layouts[peer] = bhsd
             for mode in VARIANT_MODES:
                 row = {"case": case, "head_dim": head_dim, "mode": mode, "dtype": grid["dtype"],

@@ -82,6 +82,12 @@ struct AttentionParams {
   int variant_size3_1;
   int variant_size3_2;
   int variant_size3_3;
+  // The probability that dropout zeroes an attention probability (common/dropout.cuh); the kept
+  // ones are scaled by 1 / (1 - dropout_p)
+  float dropout_p;
+  // (1,) int64 on the device: the dropout mask's Philox key, drawn from torch's CUDA generator per
+  // forward call and reused by its backward
+  const int64_t* dropout_seed;
   // (batch + 1,): a variable-length batch's sequence starts in packed (1, total rows, heads,
   // head_dim) tensors, then the total; seqlen_q and seqlen_k are then the longest lengths, each
   // sequence's causal mask aligns bottom-right and per-row statistics are (heads, total rows).
@@ -252,8 +258,8 @@ struct DecodeParams : AttentionParams {
   X(variant_size0_0) X(variant_size0_1) X(variant_size0_2) X(variant_size0_3) X(variant_tensor1) \
   X(variant_size1_0) X(variant_size1_1) X(variant_size1_2) X(variant_size1_3) X(variant_tensor2) \
   X(variant_size2_0) X(variant_size2_1) X(variant_size2_2) X(variant_size2_3) X(variant_tensor3) \
-  X(variant_size3_0) X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(cu_seqlens_q) \
-  X(cu_seqlens_k)
+  X(variant_size3_0) X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(dropout_p) \
+  X(dropout_seed) X(cu_seqlens_q) X(cu_seqlens_k)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
   X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \

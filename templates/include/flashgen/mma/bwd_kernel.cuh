@@ -128,8 +128,9 @@ __device__ __forceinline__ void stage_for_bulk_add(float* staging, Acc const& ac
   fence_for_bulk_copies();
 }
 
-// Mask, Seqs, ScoreMod: as in fwd_kernel.
-template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
+// Mask, Seqs, ScoreMod, Dropout: as in fwd_kernel.
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
+          class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -306,9 +307,10 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     const int m_block = m_block_of(step);
     const int64_t row_base = seq.row_stats_offset(p.heads, head);
     const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
-    compute_p_ds<Traits>(p, seq, mask, score_mod, tid, sQ(_, _, stage), sdO(_, _, stage), sK, sV,
-                         sP, sdS, m_block, n_block, p.softmax_lse + row_base,
-                         p.softmax_d + row_base);
+    const Dropout dropout(p, seq.batch, head);
+    compute_p_ds<Traits>(p, seq, mask, score_mod, dropout, tid, sQ(_, _, stage),
+                         sdO(_, _, stage), sK, sV, sP, sdS, m_block, n_block,
+                         p.softmax_lse + row_base, p.softmax_d + row_base);
     if constexpr (Traits::kDqBulkReduce) {
       if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
     }
@@ -362,7 +364,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   }
 }
 
-template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
+          class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -385,6 +388,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const Seqs seq(p, work.batch_head / p.heads);
   const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
   const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
+  const Dropout dropout(p, seq.batch, head);
   const int rows = seq.seqlen_q - m_block * kBlockM;
   if (rows <= 0) return;  // past a shorter sequence of a variable-length batch
   const int n_block_max = mask.template key_block_end<kBlockN>(m_block * kBlockM + min(rows, kBlockM) - 1);
@@ -445,8 +449,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
     cp_async_fence();
     cp_async_wait<0>();
     __syncthreads();
-    compute_p_ds<Traits>(p, seq, mask, score_mod, tid, sQ(_, _, 0), sdO(_, _, 0), sK, sV, sP, sdS,
-                         m_block, n_block, p.softmax_lse + row_base, p.softmax_d + row_base);
+    compute_p_ds<Traits>(p, seq, mask, score_mod, dropout, tid, sQ(_, _, 0), sdO(_, _, 0), sK,
+                         sV, sP, sdS, m_block, n_block, p.softmax_lse + row_base,
+                         p.softmax_d + row_base);
     __syncthreads();
     gemm_ss(mma_dq, acc_dq, tdQrdS, tdQrKt, tdQsdS, tdQsKt, copy_dq_a, copy_dq_b);
   }

@@ -12,8 +12,9 @@
 
 namespace flashgen {
 
-// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh.
-template <class Traits, class Mask, class ScoreMod>
+// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
+// common/dropout.cuh.
+template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -37,7 +38,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   // D first: the GPU starts on it while the host sets up the rest.
   softmax_d_kernel<Element, kHeadDim><<<unsigned(d_blocks), kAuxThreads, 0, stream>>>(p);
-  auto dkdv = bwd_dkdv_kernel<Traits, Mask, DenseSeqs, ScoreMod>;
+  auto dkdv = bwd_dkdv_kernel<Traits, Mask, DenseSeqs, ScoreMod, Dropout>;
   if (cudaError_t err = opt_in_shared_memory(dkdv, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
@@ -48,7 +49,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     }
   }
   if (p.dq_accum == nullptr) {  // deterministic: dK/dV, then dQ by its own kernel
-    auto dq = bwd_dq_kernel<Traits, Mask, DenseSeqs, ScoreMod>;
+    auto dq = bwd_dq_kernel<Traits, Mask, DenseSeqs, ScoreMod, Dropout>;
     if (cudaError_t err = opt_in_shared_memory(dq, Traits::kSmemBytes); err != cudaSuccess) {
       return err;
     }

@@ -2,7 +2,9 @@
 // probabilities from Q, K and the forward's log-sum-exp, and its score gradient, and leave
 //   P  = exp(S * scale - lse)          S = Q K^T
 //   dS = P * (dP - D)                  dP = dO V^T, D = rowsum(dO * O)
-// in shared memory in the input type, for the GEMMs that consume them.
+// in shared memory in the input type, for the GEMMs that consume them. Under dropout (keep mask
+// Z, kept elements scaled by 1 / (1 - p)) the forward's output was O = (Z * P) V: P's place
+// holds Z * P for dV, and dS = P * (Z * dP - D).
 #pragma once
 
 #include <cmath>
@@ -10,6 +12,7 @@
 
 #include "flashgen/mma/accumulator.cuh"
 #include "flashgen/mma/gemm.cuh"
+#include "flashgen/common/dropout.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
@@ -23,11 +26,11 @@ using namespace cute;
 // lse and softmax_d point at this (sequence, head)'s rows. `masked` (a bool, or true_type /
 // false_type for a copy of the step fixed at compile time): the tile straddles an edge of the
 // mask.
-template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
-          class SmemP, class Masked>
+template <class Traits, class Seqs, class Mask, class ScoreMod, class Dropout, class SmemQ,
+          class SmemK, class SmemP, class Masked>
 __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const& seq,
                                                   Mask const& mask, ScoreMod const& score_mod,
-                                                  int tid, SmemQ const& sQ,
+                                                  Dropout const& dropout, int tid, SmemQ const& sQ,
                                                   SmemQ const& sdO, SmemK const& sK,
                                                   SmemK const& sV, SmemP& sP, SmemP& sdS,
                                                   int m_block, int n_block, const float* lse,
@@ -76,18 +79,29 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
 
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));      // (rows, cols)
   Tensor dp = make_tensor(acc_dp.data(), rowcol_layout(acc_dp.layout()));
-  CUTE_UNROLL
-  for (int r = 0; r < kRows; ++r) {
-    CUTE_UNROLL
-    for (int c = 0; c < size<1>(s); ++c) {
-      const float score = s(r, c);
-      const float prob = exp2f(score * p.scale_log2 - lse_log2[r]);
+  auto p_and_ds = [&](int r, int c, bool keep) {
+    const float score = s(r, c);
+    const float prob = exp2f(score * p.scale_log2 - lse_log2[r]);
+    float dprob = dp(r, c);
+    if constexpr (Dropout::kEnabled) {
+      dprob = keep ? dprob * dropout.scale : 0.f;
+      s(r, c) = keep ? prob * dropout.scale : 0.f;
+    } else {
       s(r, c) = prob;
-      dp(r, c) = prob * (dp(r, c) - row_d[r]);
-      if constexpr (!ScoreMod::kUnitDerivative) {
-        dp(r, c) *= score_mod.derivative(score, row0 + get<0>(coords(r, c)),
-                                         col0 + get<1>(coords(r, c)));
-      }
+    }
+    dp(r, c) = prob * (dprob - row_d[r]);
+    if constexpr (!ScoreMod::kUnitDerivative) {
+      dp(r, c) *= score_mod.derivative(score, row0 + get<0>(coords(r, c)),
+                                       col0 + get<1>(coords(r, c)));
+    }
+  };
+  if constexpr (Dropout::kEnabled) {
+    for_each_dropout_decision(dropout, coords, row0, col0, p_and_ds);
+  } else {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) p_and_ds(r, c, true);
     }
   }
 
@@ -107,24 +121,25 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
 // The step, in one copy per case where the traits ask for it (codegen/families/mma/
 // resources.py): behind a plain `if`, ptxas predicates the mask into every step, two instructions per score element
 // (11% of the hd64 dK/dV kernel's instructions, ncu).
-template <class Traits, class Seqs, class Mask, class ScoreMod, class SmemQ, class SmemK,
-          class SmemP>
+template <class Traits, class Seqs, class Mask, class ScoreMod, class Dropout, class SmemQ,
+          class SmemK, class SmemP>
 __device__ __forceinline__ void compute_p_ds(const BwdParams& p, Seqs const& seq, Mask const& mask,
-                                             ScoreMod const& score_mod, int tid, SmemQ const& sQ,
+                                             ScoreMod const& score_mod, Dropout const& dropout,
+                                             int tid, SmemQ const& sQ,
                                              SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
                                              SmemP& sP, SmemP& sdS, int m_block, int n_block,
                                              const float* lse, const float* softmax_d) {
   const bool masked =
       mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(m_block, n_block);
   if constexpr (!Traits::kMaskFreeStep) {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
-                              n_block, lse, softmax_d, masked);
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
+                              m_block, n_block, lse, softmax_d, masked);
   } else if (masked) {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
-                              n_block, lse, softmax_d, true_type{});
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
+                              m_block, n_block, lse, softmax_d, true_type{});
   } else {
-    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, tid, sQ, sdO, sK, sV, sP, sdS, m_block,
-                              n_block, lse, softmax_d, false_type{});
+    compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
+                              m_block, n_block, lse, softmax_d, false_type{});
   }
 }
 

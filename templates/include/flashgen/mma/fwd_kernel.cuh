@@ -16,14 +16,16 @@
 #include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/mma/softmax.cuh"
+#include "flashgen/common/dropout.cuh"
 
 namespace flashgen {
 
 using namespace cute;
 
 // Mask: a policy of common/mask.cuh; Seqs: where the sequences are (common/seqinfo.cuh);
-// ScoreMod: common/score_mod.cuh.
-template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore>
+// ScoreMod: common/score_mod.cuh; Dropout: common/dropout.cuh.
+template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
+          class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -48,6 +50,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const Seqs seq(p, work.batch_head / p.heads);
   const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
   const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
+  const Dropout dropout(p, seq.batch, head);
 
   // Key blocks this query block needs: those the mask lets its rows see. None (rows that see no
   // key) still runs the epilogue: O = 0, lse = -inf.
@@ -164,6 +167,14 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
         apply_mask(mask, acc_s, tScS, m_block * kBlockM, n_block * kBlockN);
       }
       softmax.update(acc_s, acc_o, p.scale_log2);
+      if constexpr (Dropout::kEnabled) {  // after the row sums, which count every element
+        Tensor probs = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+        Tensor coords = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
+        for_each_dropout_decision(dropout, coords, m_block * kBlockM, n_block * kBlockN,
+                                  [&](int r, int c, bool keep) {
+                                    probs(r, c) = keep ? probs(r, c) : 0.f;
+                                  });
+      }
 
       gemm_pv<Element>(tiled_mma, acc_o, acc_s, tOrVt, tOsVt(_, _, _, smem_pipe_read),
                        smem_copy_v);
@@ -199,6 +210,10 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   // Epilogue: normalise, write lse per row, stage O through shared memory and store it with
   // 16-byte coalesced writes.
   softmax.finalize(acc_o, p.scale_log2);
+  if constexpr (Dropout::kEnabled) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;
+  }
 
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));  // (MMA, MMA_M, MMA_K)
   Tensor row_coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));

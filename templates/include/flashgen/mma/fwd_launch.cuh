@@ -10,8 +10,9 @@
 
 namespace flashgen {
 
-// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh.
-template <class Traits, class Mask, class ScoreMod>
+// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
+// common/dropout.cuh.
+template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int64_t num_m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t blocks = num_m_blocks * p.batch * p.heads;
@@ -22,7 +23,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
     return cudaErrorNotSupported;
   }
 
-  auto kernel = fwd_kernel<Traits, Mask, DenseSeqs, ScoreMod>;
+  auto kernel = fwd_kernel<Traits, Mask, DenseSeqs, ScoreMod, Dropout>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
