@@ -74,9 +74,9 @@ class Family:
     # Its backward takes a variable-length batch (dispatch passes such calls to a family that
     # does).
     varlen_backward: bool = False
-    # Its forward and backward take dropout on the probabilities (common/dropout.cuh): with the
+    # The kinds whose kernels take dropout on the probabilities (common/dropout.cuh): with the
     # config's `dropout`, each built-in kernel of those kinds gets a twin that applies it.
-    dropout: bool = False
+    dropout_kinds: tuple[str, ...] = ()
     # Its forward reads a KV cache (FwdParams' cache fields), contiguous or paged with pages of
     # whole key blocks: chunked prefill can run on it (flashgen/decode.py).
     cache_forward: bool = False

@@ -81,13 +81,10 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
     ]
 
 
-DROPOUT_KINDS = ("fwd", "bwd")  # the kinds that take dropout
-
-
 def takes_dropout(config: Config, family: str, kind: str, variant: Variant | None) -> bool:
     """Whether the config builds this family's built-in kernels of this kind with dropout too."""
-    return (config.dropout and variant is None and kind in DROPOUT_KINDS
-            and families.FAMILIES[family].dropout)
+    return (config.dropout and variant is None
+            and kind in families.FAMILIES[family].dropout_kinds)
 
 
 VARIANT_KINDS = ("fwd", "bwd")  # the kinds a config-defined variant builds

@@ -55,12 +55,12 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
     matching = [s for s in arch_specs if s.dtype == dtype and s.mask == mask
                 and s.score_mod == score_mod and s.dropout == dropout]
     if dropout and not matching:
-        takers = sorted(name for name, f in families.FAMILIES.items() if f.dropout)
+        takers = sorted(name for name, f in families.FAMILIES.items() if kind in f.dropout_kinds)
         raise DispatchError(
             f"flashgen: {config_path} builds no {dtype} {which}{what} kernels with dropout for "
             f"mask {mask!r} and score modifier {score_mod!r} on {arch}: dropout runs on the "
-            f"{', '.join(takers)} family's built-in kernels when the config sets dropout = true "
-            f"(config-defined variants take no dropout)")
+            f"built-in kernels of the {' and '.join(takers) or 'no'} family when the config sets "
+            f"dropout = true (config-defined variants take no dropout)")
     if not matching and score_mod != "none" and any(s.score_mod == score_mod for s in specs):
         raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
                             f"with mask {mask!r} and score modifier {score_mod!r} for {arch}")

@@ -85,24 +85,25 @@ def dropout_keep(seed: int, dropout_p: float, batch: int, heads: int, seqlen_q: 
                  seqlen_k: int, device=None) -> torch.Tensor:
     """The kernels' dropout mask (common/dropout.cuh) for the Philox key `seed` (the int in the
     call's dropout_seed): (batch, heads, seqlen_q, seqlen_k) bool, True where the probability
-    is kept. Element (i, j) reads word 2 * (i // 8 % 2) + j % 2 of the draw at counter
-    (j // 2, i with bit 3 cleared, batch, head), kept iff it is at least dropout_p (as the
-    kernels' fp32) times 2^32."""
+    is kept. Element (i, j) reads the draw at counter (j with bits 0 and 3 cleared, i with bit 3
+    cleared, batch, head): word 2 * (j // 8 % 2) + i // 8 % 2, its high half for odd j, else its
+    low half; kept iff that is at least dropout_p (as the kernels' fp32) times 2^16, rounded."""
     seed &= (1 << 64) - 1
     key0, key1 = seed & _U32, seed >> 32
     p32 = torch.tensor(dropout_p, dtype=torch.float32).item()
-    threshold = int(min(p32 * 4294967296.0, 4294967295.0))
+    threshold = min(round(p32 * 65536.0), 65535)
     arange = functools.partial(torch.arange, device=device, dtype=torch.int64)
     b = arange(batch).view(-1, 1, 1, 1)
     h = arange(heads).view(1, -1, 1, 1)
     i = arange(seqlen_q).view(1, 1, -1, 1)
     j = arange(seqlen_k).view(1, 1, 1, -1)
     shape = (batch, heads, seqlen_q, seqlen_k)
-    counter = tuple(t.expand(shape) for t in (j >> 1, i & ~8, b, h))
+    counter = tuple(t.expand(shape) for t in (j & ~9, i & ~8, b, h))
     words = torch.stack(philox4x32_10(counter, key0, key1), dim=-1)
-    word = (2 * ((i >> 3) & 1) + (j & 1)).expand(shape)
+    word = (2 * ((j >> 3) & 1) + ((i >> 3) & 1)).expand(shape)
     bits = words.gather(-1, word.unsqueeze(-1)).squeeze(-1)
-    return bits >= threshold
+    half = (bits >> (16 * (j & 1))) & 0xFFFF
+    return half >= threshold
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -17,9 +17,11 @@ arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capabil
 { nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,driver_version --format=csv
   nvcc --version | tail -2; python3 -c 'import torch; print("torch", torch.__version__)'; } | tee "$OUT/gpu.txt"
 
-# The plain kernels of every head dim, and the variants (window mask, softcap) at head dims 64 and
-# 128, which their tests sweep: the whole default config is three times as many kernels.
-for selection in "--mask none --mask causal --score-mod none" "--head-dim 64 --head-dim 128"; do
+# The plain kernels of every head dim, the variants (window mask, score modifiers, dropout) at
+# head dims 64 and 128, which their tests sweep, and dropout's plain kernels at head dim 96: the
+# whole default config is about five times as many kernels.
+for selection in "--mask none --mask causal --score-mod none --dropout without" \
+    "--head-dim 64 --head-dim 128" "--head-dim 96 --score-mod none --dropout with"; do
   # shellcheck disable=SC2086
   python3 -m flashgen generate --arch "$arch" $selection --jobs "$(nproc)" 2>&1 \
     | tee -a "$OUT/generate.log" | grep -v '^\[' ; [ "${PIPESTATUS[0]}" = 0 ] \

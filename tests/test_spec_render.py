@@ -24,8 +24,8 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
     # decode kernels, which take softcap alone of the score modifiers: (2 archs x 2 head dims + 2
     # sm_90 alt tiles) x 2 dtypes x 3 masks x 2. The config's dropout doubles the mma family's
-    # forward and backward kernels.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + ((5 + 2) * 3 + 2) * 2) * 4
+    # forward and backward kernels and the hopper family's forward ones.
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 2 * 3 * 2) * 4
                 + (2 * 2 + 2) * 2 * 3 * 2)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
@@ -36,9 +36,9 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 * 2 + 46) * 4 + 24 * 2 + sm_90_variants)
-    assert {s.family for s in specs if s.dropout} == {"mma"}
-    assert {s.kind for s in specs if s.dropout} == {"fwd", "bwd"}
+        ((2 * 6 + 3) * 2 * 3 * 2 + 34 * 2 + 12) * 4 + 24 * 2 + sm_90_variants)
+    assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
+                                                                 ("hopper", "fwd")}
     assert not any(s.dropout and s.variant for s in specs)
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap"}
     assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
@@ -77,7 +77,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims
-    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 3 * 4
+    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 2) * 2 * 3 + (5 * 2 + 2) * 2 * 3 * 4
                           + 5 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
@@ -176,11 +176,11 @@ def test_the_backward_step_gets_a_mask_free_copy_where_a_thread_holds_many_score
 
 def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
     spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128
-                and s.score_mod == "none")
+                and s.score_mod == "none" and not s.dropout)
     text = render.render_spec(spec)
     assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
-    assert ("flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask, flashgen::IdentityScore>"
-            in text)
+    assert ("flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask, flashgen::IdentityScore, "
+            "flashgen::NoDropout>" in text)
 
 
 def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs):

@@ -2,7 +2,9 @@
 probability dropped with probability p and the kept ones scaled by 1 / (1 - p), the mask drawn
 by Philox from a key that torch's CUDA generator supplies (common/dropout.cuh).
 
-The mask of a call is known exactly: torch.manual_seed(s) makes the call's key the first int64
+Forwards run on each family that takes dropout (hopper, mma), backwards on the mma family: the
+mask depends on positions only, so a forward and a backward of different families agree. The
+mask of a call is known exactly: torch.manual_seed(s) makes the call's key the first int64
 its generator draws, and flashgen.reference.dropout_keep computes the mask from the key. Outputs
 and gradients are checked against the fp32 reference under that mask; the mask read back from
 the kernel itself (v = identity) is checked against it and for its keep rate; the output's mean
@@ -52,7 +54,8 @@ def identity_values(batch: int, keys: int, heads: int, dtype) -> torch.Tensor:
                          ids=["full", "causal", "window"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_forward_and_gradients_match_the_reference(dtype, head_dim, causal, window, shape):
+def test_forward_and_gradients_match_the_reference(dtype, head_dim, causal, window, shape,
+                                                   forward_family):
     batch, seqlen_q, seqlen_k, heads, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, False)
     p = 0.17
@@ -62,10 +65,11 @@ def test_forward_and_gradients_match_the_reference(dtype, head_dim, causal, wind
                                        dropout_p=p, **kwargs)
     mask = "window" if window != (-1, -1) else "causal" if causal else "none"
     name = "bf16" if dtype == torch.bfloat16 else "fp16"
-    chosen = (forward.kernel_for(q.device, name, head_dim, mask, batch * heads, seqlen_q,
-                                 dropout=True),
-              backward.kernel_for(q.device, name, head_dim, mask, dropout=True))
-    assert all(spec.dropout and spec.family == "mma" for spec in chosen)
+    forward_spec = forward.kernel_for(q.device, name, head_dim, mask, batch * heads, seqlen_q,
+                                      dropout=True)
+    backward_spec = backward.kernel_for(q.device, name, head_dim, mask, dropout=True)
+    assert forward_spec.dropout and forward_spec.family == forward_family
+    assert backward_spec.dropout and backward_spec.family == "mma"
 
 
 @pytest.mark.parametrize("score", [{"softcap": 20.0}, {"alibi_slopes": "slopes"}],
@@ -81,7 +85,7 @@ def test_score_modifiers_combine_with_dropout(score):
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
-def test_the_kernels_mask_is_the_reference_mask_and_keeps_one_minus_p(p):
+def test_the_kernels_mask_is_the_reference_mask_and_keeps_one_minus_p(p, forward_family):
     batch, seqlen_q, heads, keys = 2, 1000, 8, 64
     q = torch.randn(batch, seqlen_q, heads, keys, device="cuda", dtype=torch.float16)
     k = torch.randn(batch, keys, heads, keys, device="cuda", dtype=torch.float16) * 0.1
@@ -93,7 +97,7 @@ def test_the_kernels_mask_is_the_reference_mask_and_keeps_one_minus_p(p):
     assert abs(forward_mask.float().mean().item() - (1 - p)) < 0.0025
 
 
-def test_the_backward_drops_what_the_forward_dropped():
+def test_the_backward_drops_what_the_forward_dropped(forward_family):
     """One query row and keys that are the identity: dV's row j is (Z * P)_j / (1 - p) * dO, so
     it is exactly zero iff the forward's output column j was."""
     heads, keys = 8, 64

@@ -85,5 +85,6 @@ FAMILY = Family(
     tma_inputs=True,
     tile_counter=True,
     varlen_forward=True,
+    dropout_kinds=("fwd",),
     cache_forward=True,
 )

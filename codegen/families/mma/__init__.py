@@ -79,5 +79,5 @@ FAMILY = Family(
     template_context=template_context,
     varlen_forward=True,
     varlen_backward=True,
-    dropout=True,
+    dropout_kinds=("fwd", "bwd"),
 )

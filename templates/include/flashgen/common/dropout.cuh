@@ -3,11 +3,14 @@
 // A kernel takes a policy as a template parameter (NoDropout compiles to nothing) and constructs
 // it per (sequence, head).
 //
-// The mask is a pure function of (seed, batch, head, i, j), so the backward regenerates what the
-// forward drew whatever their tiles: one Philox-4x32-10 draw gives the four elements of an
-// m16n8 accumulator atom a thread holds, (i0, j0), (i0, j0 + 1), (i0 + 8, j0), (i0 + 8, j0 + 1)
-// with i0 % 16 < 8 and j0 even (mma.sync's and wgmma's fp32 accumulator layout alike), from the
-// counter (j0 / 2, i0, batch, head) under the call's 64-bit seed. flashgen/reference.py's
+// The mask is a pure function of (seed, batch, head, i, j), so a backward regenerates what a
+// forward drew whatever their families and tiles. One Philox-4x32-10 draw, at counter (j with
+// bits 0 and 3 cleared, i with bit 3 cleared, batch, head) under the call's 64-bit seed, gives
+// 16 random bits to each of the 8 elements rows {i0, i0 + 8} x columns {j0, j0 + 1, j0 + 8,
+// j0 + 9} (i0 % 16 < 8, j0 % 16 < 8 and even): word x to row i0's columns j0 and j0 + 1 (low
+// and high half), y to row i0 + 8's, z and w the same at columns j0 + 8 and j0 + 9. Those are
+// two m16n8 fp32 accumulator atoms side by side, which a thread of mma.sync's tiles (column-
+// paired in the backward, mma/tiling.cuh) and of wgmma's holds together. flashgen/reference.py's
 // dropout_keep is the same function in torch.
 #pragma once
 
@@ -29,7 +32,7 @@ struct Dropout {
   static constexpr bool kEnabled = true;
   uint32_t key0, key1;
   uint32_t batch, head;
-  uint32_t threshold;  // an element is kept iff its 32 random bits are >= this
+  uint32_t threshold;  // an element is kept iff its 16 random bits are >= this
   float scale;         // 1 / (1 - p), on the kept elements
 
   __device__ __forceinline__ Dropout(AttentionParams const& p, int batch, int head)
@@ -37,20 +40,27 @@ struct Dropout {
     const uint64_t seed = uint64_t(__ldg(p.dropout_seed));
     key0 = uint32_t(seed);
     key1 = uint32_t(seed >> 32);
-    threshold = uint32_t(fmin(double(p.dropout_p) * 4294967296.0, 4294967295.0));
+    threshold = uint32_t(fminf(rintf(p.dropout_p * 65536.f), 65535.f));
     scale = 1.f / (1.f - p.dropout_p);
   }
 
-  // The random bits of the atom whose first element is (row, col) of the sequence: x (row, col),
-  // y (row, col + 1), z (row + 8, col), w (row + 8, col + 1).
-  __device__ __forceinline__ PhiloxBits atom_bits(int row, int col) const {
-    return philox4x32_10(PhiloxBits{uint32_t(col) >> 1, uint32_t(row), batch, head}, key0, key1);
+  // The random bits of the atom pair whose first element is (row, col) of the sequence.
+  __device__ __forceinline__ PhiloxBits pair_bits(int row, int col) const {
+    return philox4x32_10(PhiloxBits{uint32_t(col) & ~9u, uint32_t(row) & ~8u, batch, head},
+                         key0, key1);
+  }
+  __device__ __forceinline__ bool keeps_low(uint32_t word) const {
+    return (word & 0xFFFFu) >= threshold;
+  }
+  __device__ __forceinline__ bool keeps_high(uint32_t word) const {
+    return (word >> 16) >= threshold;
   }
 };
 
 // fn(r, c, keep) for every element (r, c) of an fp32 accumulator of m16n8 atoms seen as (rows,
-// cols) (mma/accumulator.cuh's rowcol view): its elements (2m + a, 2n + b) are atom (m, n)'s at
-// (i0 + 8a, j0 + b). coords: the same view of the accumulator's (row, col) positions in the tile;
+// cols) (mma/accumulator.cuh's and hopper/fragments.cuh's rowcol views): its elements (2m + a,
+// 4n + 2h + b) are at (i0 + 8a, j0 + 8h + b) of atom pair (m, n), which the kernels' tiles keep
+// 8 columns apart. coords: the same view of the accumulator's (row, col) positions in the tile;
 // row0, col0: the tile's first row and column in the sequence.
 template <class Coords, class Fn>
 __device__ __forceinline__ void for_each_dropout_decision(Dropout const& dropout,
@@ -59,17 +69,22 @@ __device__ __forceinline__ void for_each_dropout_decision(Dropout const& dropout
   using namespace cute;
   constexpr int kRows = decltype(size<0>(coords))::value;
   constexpr int kCols = decltype(size<1>(coords))::value;
-  static_assert(kRows % 2 == 0 && kCols % 2 == 0);
+  static_assert(kRows % 2 == 0 && kCols % 4 == 0);
   CUTE_UNROLL
   for (int m = 0; m < kRows / 2; ++m) {
     CUTE_UNROLL
-    for (int n = 0; n < kCols / 2; ++n) {
-      const auto first = coords(2 * m, 2 * n);
-      const PhiloxBits bits = dropout.atom_bits(row0 + get<0>(first), col0 + get<1>(first));
-      fn(2 * m, 2 * n, bits.x >= dropout.threshold);
-      fn(2 * m, 2 * n + 1, bits.y >= dropout.threshold);
-      fn(2 * m + 1, 2 * n, bits.z >= dropout.threshold);
-      fn(2 * m + 1, 2 * n + 1, bits.w >= dropout.threshold);
+    for (int n = 0; n < kCols / 4; ++n) {
+      const int r = 2 * m, c = 4 * n;
+      const auto first = coords(r, c);
+      const PhiloxBits bits = dropout.pair_bits(row0 + get<0>(first), col0 + get<1>(first));
+      fn(r, c, dropout.keeps_low(bits.x));
+      fn(r, c + 1, dropout.keeps_high(bits.x));
+      fn(r + 1, c, dropout.keeps_low(bits.y));
+      fn(r + 1, c + 1, dropout.keeps_high(bits.y));
+      fn(r, c + 2, dropout.keeps_low(bits.z));
+      fn(r, c + 3, dropout.keeps_high(bits.z));
+      fn(r + 1, c + 2, dropout.keeps_low(bits.w));
+      fn(r + 1, c + 3, dropout.keeps_high(bits.w));
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
+#include "flashgen/common/dropout.cuh"
 #include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/hopper/fragments.cuh"
@@ -180,7 +181,7 @@ __device__ __forceinline__ void store_rows(Slab const& slab, FwdParams const& p,
 // kDense: every sequence is a (batch, seq) slice of q, k, v and o, as from flash_attn_func; else
 // also packed variable-length batches and KV caches (TmaRows), whose run-time branches cost dense
 // calls 1-3% (H100), hence an instantiation of their own.
-template <class Traits, class Mask, class ScoreMod, bool kDense, class Tmas>
+template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
   using namespace cute;
@@ -384,6 +385,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (w.past_end) continue;
     const int row0 = w.tile.m_block * kBlockM + consumer * 64;
     const ScoreMod score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset);
+    const Dropout dropout(p, w.tile.batch, w.tile.head);
     // The score modifier, then the mask, on key block n_block's scores.
     auto masked = [&](int n_block) {
       const int col0 = n_block * kBlockN;
@@ -395,6 +397,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
           apply_mask(w.mask, tSrS, tScS, row0, col0);
         }
+      }
+    };
+    // Dropout on key block n_block's probabilities, after the softmax's row sums saw them all.
+    auto dropped = [&](int n_block) {
+      if constexpr (Dropout::kEnabled) {
+        const int shift = kDense ? 0 : w.rows.shift(n_block);
+        Tensor probs = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
+        Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
+        for_each_dropout_decision(dropout, coords, row0, n_block * kBlockN + shift,
+                                  [&](int r, int c, bool keep) {
+                                    probs(r, c) = keep ? probs(r, c) : 0.f;
+                                  });
       }
     };
     OnlineSoftmax softmax(p.scale_log2);
@@ -421,6 +435,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++k_state;
       masked(n_block);
       softmax.update<true>(tSrS, rescale);
+      dropped(n_block);
       if (!Traits::kOverlap && n_block == w.n_first) release_q();
 
       if constexpr (Traits::kOverlap) {
@@ -439,6 +454,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           ++k_state;
           masked(n_block);
           softmax.update<false>(tSrS, rescale);
+          dropped(n_block);
           warpgroup_wait<0>();
           pipeline_v.consumer_release(v_state);
           ++v_state;
@@ -473,6 +489,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           ++k_state;
           masked(n_block);
           softmax.update<false>(tSrS, rescale);
+          dropped(n_block);
           scale_rows(tOrO, rescale);
         }
       }
@@ -480,6 +497,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     float lse[2];
     softmax.finish(tOrO, lse);
+    if constexpr (Dropout::kEnabled) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= dropout.scale;
+    }
 
     // lse: (batch, heads, seqlen_q); the first thread of each quad holds its two rows'.
     if (thread % 4 == 0) {

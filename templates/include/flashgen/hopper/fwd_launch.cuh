@@ -37,10 +37,10 @@ auto make_fwd_tmas(const FwdParams& p) {
 }
 
 // The kernel on its grid: one block per tile, or (with an own output buffer) a persistent grid.
-template <class Traits, class Mask, class ScoreMod, bool kDense, class Tmas>
+template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
 cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks,
                               cudaStream_t stream) {
-  auto kernel = fwd_kernel<Traits, Mask, ScoreMod, kDense, Tmas>;
+  auto kernel = fwd_kernel<Traits, Mask, ScoreMod, Dropout, kDense, Tmas>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
@@ -76,8 +76,9 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
   return cudaGetLastError();
 }
 
-// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh.
-template <class Traits, class Mask, class ScoreMod>
+// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
+// common/dropout.cuh.
+template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
   const int64_t blocks = m_blocks * p.batch * p.heads;
@@ -100,8 +101,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const auto tmas = make_fwd_tmas<Traits>(params);
   const bool dense = p.cu_seqlens_q == nullptr && p.cache_seqlens == nullptr &&
                      p.cache_batch_idx == nullptr && p.block_table == nullptr;
-  return dense ? launch_fwd_kernel<Traits, Mask, ScoreMod, true>(params, tmas, blocks, stream)
-               : launch_fwd_kernel<Traits, Mask, ScoreMod, false>(params, tmas, blocks, stream);
+  return dense
+             ? launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, true>(params, tmas, blocks, stream)
+             : launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks,
+                                                                         stream);
 }
 
 }  // namespace flashgen::hopper

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cute/tensor.hpp>
+#include <type_traits>
 
 #include "flashgen/mma/accumulator.cuh"
 #include "flashgen/mma/gemm.cuh"
@@ -37,7 +38,8 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
                                                   const float* softmax_d, Masked masked) {
   using Element = typename Traits::Element;
   using TileS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
-  typename Traits::TiledMmaSdP mma;
+  std::conditional_t<Dropout::kEnabled, typename Traits::TiledMmaSdPDropout,
+                     typename Traits::TiledMmaSdP> mma;
   auto thr_mma = mma.get_thread_slice(tid);
   auto copy_a = make_tiled_copy_A(LdsmCopy<Element>{}, mma);
   auto copy_b = make_tiled_copy_B(LdsmCopy<Element>{}, mma);

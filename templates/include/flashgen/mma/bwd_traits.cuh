@@ -44,6 +44,8 @@ struct BwdTraits {
   static_assert(kWarpsMSdP > 0 && kWarpsNdKV > 0 && kWarpsMdQ > 0,
                 "block_m, block_n and head_dim must each split into 16 x 16 tiles per warp");
   using TiledMmaSdP = WarpGridMma<Element, kWarps, kWarpsMSdP>;
+  // The same split for a kernel with dropout (common/dropout.cuh's atom pairs in one thread).
+  using TiledMmaSdPDropout = PairedColumnsMma<Element, kWarps, kWarpsMSdP>;
   using TiledMmadKV = WarpGridMma<Element, kWarps, kWarpsNdKV>;
   using TiledMmadQ = WarpGridMma<Element, kWarps, kWarpsMdQ>;
 

@@ -60,6 +60,16 @@ using WarpGridMma = TiledMMA<MMA_Atom<typename Sm80MmaAtom<Element>::type>,
                              Layout<Shape<Int<kWarpsM>, Int<kWarps / kWarpsM>, _1>>,
                              Tile<Int<16 * kWarpsM>, Int<16 * (kWarps / kWarpsM)>, _16>>;
 
+// WarpGridMma with each warp's two 8-column atoms per step side by side: a warp owns 16
+// consecutive columns of every 16 * (kWarps / kWarpsM), so that a thread holds the (i, j) and
+// (i, j + 8) of each pair of atoms that common/dropout.cuh draws from one Philox output.
+template <class Element, int kWarps, int kWarpsM>
+using PairedColumnsMma = TiledMMA<
+    MMA_Atom<typename Sm80MmaAtom<Element>::type>,
+    Layout<Shape<Int<kWarpsM>, Int<kWarps / kWarpsM>, _1>>,
+    Tile<Int<16 * kWarpsM>,
+         Layout<Shape<_8, Int<kWarps / kWarpsM>, _2>, Stride<_1, _16, _8>>, _16>>;
+
 // mma.m16n8k16 over `kWarps` warps stacked along M, each owning kBlockM / kWarps consecutive
 // rows of a (kBlockM, 16 * n) accumulator (a permuted tile; WarpGridMma<.., kWarps, kWarps>
 // interleaves the warps' 16-row groups instead). Under causal masking whole warps then lie
