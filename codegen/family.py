@@ -74,6 +74,9 @@ class Family:
     # Its backward takes a variable-length batch (dispatch passes such calls to a family that
     # does).
     varlen_backward: bool = False
+    # Its backward writes the bias score modifier's gradient (BwdParams.attn_bias_grad): SDPA's
+    # additive attn_mask that requires grad.
+    bias_gradient: bool = False
     # The kinds whose kernels take dropout on the probabilities (common/dropout.cuh): with the
     # config's `dropout`, each built-in kernel of those kinds gets a twin that applies it.
     dropout_kinds: tuple[str, ...] = ()

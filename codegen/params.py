@@ -167,6 +167,9 @@ BWD_FIELDS = (
           "as `splits` pieces each, each a share of the block's steps (grid_piece). Not on the "
           "deterministic path", default=0),
     Field("splits", "int", default=1),
+    Field("attn_bias_grad", "float*", "mma family, bias score modifier: (batch, heads, seqlen_q, "
+          "seqlen_k) fp32, contiguous, of equal lengths, where the dK/dV kernel writes dS, the "
+          "gradient of the bias it added (nullptr: none wanted)", default=0),
 )
 
 # Attention over a KV cache (the mma family's decode kind): q holds the new tokens' queries, k and

@@ -16,8 +16,10 @@ from flashgen import families, launch, loader, registry
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band: Band,
              deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None,
-             max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN):
-    """dq, dk, dv with the shapes of q, k, v.
+             max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN,
+             attn_bias_grad: bool = False):
+    """dq, dk, dv with the shapes of q, k, v, and with attn_bias_grad (mods.attn_bias's gradient
+    wanted, equal lengths) that gradient, (batch, heads, seqlen_q, seqlen_k) fp32, else None.
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
@@ -29,11 +31,16 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                               max_seqlen_k)
     grads = tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
+    bias_grad = None
+    if attn_bias_grad:
+        batch, seqlen_q, heads, _ = q.shape
+        bias_grad = torch.empty(batch, heads, seqlen_q, k.shape[1], dtype=torch.float32,
+                                device=q.device)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
-        return tuple(g.zero_() for g in grads)
+        return (*(g.zero_() for g in grads), None if bias_grad is None else bias_grad.zero_())
     head_dim = q.shape[-1]
     launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
-                                        mods.score_mod, mods.dropout)
+                                        mods.score_mod, mods.dropout, attn_bias_grad)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
         inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
@@ -41,30 +48,36 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         inputs = launch.aligned(q, k, v, out, dout,
                                 tma=launcher.spec.family_record.tma_inputs)
         work = grads
-    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, mods)
+    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, mods,
+        bias_grad)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
-    return grads
+    return (*grads, bias_grad)
 
 
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
-        band: Band, deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN) -> None:
+        band: Band, deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
+        bias_grad=None) -> None:
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views; its family
     decides its grids and workspaces. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-    max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views."""
+    max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views.
+    bias_grad: where the bias score modifier's gradient goes (a family with bias_gradient)."""
     spec = launcher.spec
     args, scratch = families.runtime(spec.family).backward_args(
-        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods)
+        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods,
+        bias_grad)
     launch.call_on_device(loader.binding().bwd, q.get_device(),
                           (launcher.address, launcher.error_string_address, *args))
     del scratch  # queued: the caching allocator reuses it in stream order
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
-               varlen: bool = False, score_mod: str = "none", dropout: bool = False):
+               varlen: bool = False, score_mod: str = "none", dropout: bool = False,
+               attn_bias_grad: bool = False):
     """The backward kernel a call runs (the bench reports its family and tile)."""
-    return _choose(device.index, dtype, head_dim, mask, varlen, score_mod, dropout)[0].spec
+    return _choose(device.index, dtype, head_dim, mask, varlen, score_mod, dropout,
+                   attn_bias_grad)[0].spec
 
 
 def clear_plans() -> None:
@@ -74,16 +87,21 @@ def clear_plans() -> None:
 
 @functools.cache
 def _choose(device_index: int, dtype: str, head_dim: int, mask: str, varlen: bool = False,
-            score_mod: str = "none", dropout: bool = False) -> tuple[loader.Launcher, int | None]:
+            score_mod: str = "none", dropout: bool = False,
+            attn_bias_grad: bool = False) -> tuple[loader.Launcher, int | None]:
     """The backward launcher for these calls and the head dim to zero-pad to (None: no padding):
-    the best family's main tile (among those that take a variable-length batch, for one),
-    whatever the shape. Cached: the first call decides, later ones pay one lookup."""
+    the best family's main tile (among those that take a variable-length batch, for one, and
+    that write the bias's gradient, for attn_bias_grad), whatever the shape. Cached: the first
+    call decides, later ones pay one lookup."""
     arch = arch_for_capability(*torch.cuda.get_device_capability(device_index))
-    choices = registry.candidates(arch, "bwd", dtype, head_dim, mask, score_mod,
-                                  accepts=lambda family: family.varlen_backward or not varlen,
-                                  dropout=dropout)
-    if not choices:  # only where a variable-length batch filtered every family out
+    choices = registry.candidates(
+        arch, "bwd", dtype, head_dim, mask, score_mod,
+        accepts=lambda family: ((family.varlen_backward or not varlen)
+                                and (family.bias_gradient or not attn_bias_grad)),
+        dropout=dropout)
+    if not choices:  # only where the family filter left none
         raise NotImplementedError(f"flashgen: no configured backward of head dim {head_dim} "
-                                  f"takes a variable-length batch; configure the mma "
-                                  f"family's [mma.<arch>.head_dim.N.backward]")
+                                  f"takes a variable-length batch or writes an attn_mask's "
+                                  f"gradient; configure the mma family's "
+                                  f"[mma.<arch>.head_dim.N.backward]")
     return loader.launcher(choices[0].spec), choices[0].padded_head_dim

@@ -172,9 +172,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     (or (heads, seq, dim)) fp16/bf16 CUDA tensors, cast to the autocast dtype under
     torch.autocast("cuda") as PyTorch's is. The causal mask is aligned top-left, as PyTorch's.
     attn_mask, broadcastable to (batch, heads, seqlen_q, seqlen_k): boolean (True: the key takes
-    part) or added to the scaled scores; it gets no gradient yet, and every key block is read.
-    dropout_p as in flashgen.flash_attn_func (applied whenever it is > 0, as PyTorch's).
-    Differentiable in query, key and value; the backward is bit-reproducible under
+    part) or added to the scaled scores (every key block is read). dropout_p as in
+    flashgen.flash_attn_func (applied whenever it is > 0, as PyTorch's). Differentiable in query,
+    key and value, and in a floating attn_mask that requires grad (its backward then runs on the
+    mma family, which writes the full (batch, heads, seqlen_q, seqlen_k) fp32 gradient before
+    autograd sums it to the mask's shape); the backward is bit-reproducible under
     torch.use_deterministic_algorithms(True)."""
     if dropout_p != 0.0:
         dropout_p = validate.check_dropout(dropout_p)

@@ -47,14 +47,17 @@ _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt
                 "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
                 "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
                 tags=_TAGS)
+# attn_bias_grad: also the gradient of attn_bias, dbias (batch, heads, seqlen_q, seqlen_k) fp32
+# (else an empty tensor).
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
+                "bool attn_bias_grad, float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
                 "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, " +
                 _VARIANT_TENSOR_ARGUMENTS +
                 "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
                 "bool deterministic, bool heads_first, "
                 "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
-                "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv)", tags=_TAGS)
+                "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
+                tags=_TAGS)
 
 # A config-defined variant's mask ranges (flashgen/variants.py) for q and k as passed to fwd, a
 # variable-length batch's sizes with them.
@@ -186,24 +189,29 @@ def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, soft
     return forward.empty_outputs(q, heads_first)
 
 
-def _bwd_cuda(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              dropout_p, dropout_seed, deterministic, heads_first, *layout):
+def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset, window_left,
+              window_right, softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3,
+              mask_ranges, dropout_p, dropout_seed, deterministic, heads_first, *layout):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
-    return backward.backward(dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
-                             Band(mask_offset, window_left, window_right), deterministic,
-                             heads_first, *layout,
-                             mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
-                                             (vt0, vt1, vt2, vt3), mask_ranges, dropout_p,
-                                             dropout_seed))
+    *grads, dbias = backward.backward(
+        dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
+        Band(mask_offset, window_left, window_right), deterministic, heads_first, *layout,
+        mods=_modifiers(softcap, alibi_slopes, attn_bias, variant, (vt0, vt1, vt2, vt3),
+                        mask_ranges, dropout_p, dropout_seed),
+        attn_bias_grad=attn_bias_grad)
+    return (*grads, q.new_empty(0, dtype=torch.float32) if dbias is None else dbias)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, window_right,
-              softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              dropout_p, dropout_seed, deterministic, heads_first, *layout):
-    """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out."""
-    return tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
+def _bwd_fake(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset, window_left,
+              window_right, softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3,
+              mask_ranges, dropout_p, dropout_seed, deterministic, heads_first, *layout):
+    """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out; dbias
+    (batch, heads, seqlen_q, seqlen_k) fp32 or empty."""
+    batch, seqlen_q, heads, _ = q.shape
+    dbias = (q.new_empty(batch, heads, seqlen_q, k.shape[1], dtype=torch.float32)
+             if attn_bias_grad else q.new_empty(0, dtype=torch.float32))
+    return (*(launch.empty_output(t, heads_first) for t in (q, k, v)), dbias)
 
 
 # flashgen::fwd's arguments scale (3) to heads_first (20) are bwd's too, in its order; among them
@@ -212,6 +220,7 @@ def _bwd_fake(dout, q, k, v, out, lse, scale, mask, mask_offset, window_left, wi
 _SHARED = slice(3, 21)
 _SHARED_TENSORS = (6, 7, 9, 10, 11, 12, 13, 15)
 _FWD_ARGUMENTS = 27
+_ATTN_BIAS = 10  # attn_bias's place among fwd's arguments
 
 
 def _save_for_backward(ctx, inputs, output):
@@ -239,12 +248,16 @@ def _fwd_backward(ctx, dout, _dlse):
     shared = list(ctx.arguments)
     for i, tensor in zip(_SHARED_TENSORS, tensors):
         shared[i] = tensor
-    arguments = (dout, q, k, v, out, lse, *shared, *ctx.varlen)
+    bias_grad = ctx.needs_input_grad[_ATTN_BIAS]
+    arguments = (dout, q, k, v, out, lse, bias_grad, *shared, *ctx.varlen)
     if _runs_plain_eager(arguments[:6]):
-        dq, dk, dv = _bwd_cuda(*arguments)
+        dq, dk, dv, dbias = _bwd_cuda(*arguments)
     else:
-        dq, dk, dv = torch.ops.flashgen.bwd.default(*arguments)
-    return (dq, dk, dv, *no_gradient[3:])
+        dq, dk, dv, dbias = torch.ops.flashgen.bwd.default(*arguments)
+    gradients = [dq, dk, dv, *no_gradient[3:]]
+    if bias_grad:
+        gradients[_ATTN_BIAS] = dbias
+    return tuple(gradients)
 
 
 def _no_double_backward(ctx, *grads):

@@ -218,15 +218,15 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
 def attn_bias(attn_mask, q, seqlen_k: int):
     """SDPA's attn_mask as the bias score modifier's tensor: fp32, (batch, heads, seqlen_q,
     seqlen_k) as a broadcast view (stride 0 where attn_mask broadcasts), keys contiguous; a
-    boolean mask becomes 0 where True and -inf where False. q: (batch, seq, heads, dim)."""
+    boolean mask becomes 0 where True and -inf where False. Differentiable: a floating mask that
+    requires grad gets its gradient through the conversion and the broadcast (autograd sums the
+    backward's (batch, heads, seqlen_q, seqlen_k) one down to its shape). q: (batch, seq, heads,
+    dim)."""
     if not isinstance(attn_mask, torch.Tensor):
         raise TypeError(f"flashgen: attn_mask must be a torch.Tensor, got "
                         f"{type(attn_mask).__name__}")
     if attn_mask.device != q.device:
         raise ValueError(f"flashgen: attn_mask is on {attn_mask.device}, query on {q.device}")
-    if attn_mask.requires_grad and torch.is_grad_enabled():
-        raise NotImplementedError("flashgen: attn_mask gets no gradient yet; pass "
-                                  "attn_mask.detach(), or PyTorch's SDPA for a learned bias")
     batch, seqlen_q, heads, _ = q.shape
     shape = (batch, heads, seqlen_q, seqlen_k)
     if attn_mask.dim() > 4 or any(n not in (1, want) for n, want in

@@ -258,7 +258,7 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
         "softmax_lse_log2": None, "dq_semaphore": None,  # the hopper family's
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND),
-        **BWD_GRID._asdict()}
+        **BWD_GRID._asdict(), "attn_bias_grad": None}
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -279,6 +279,7 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
         "softmax_lse_log2": scratch.data_ptr() + 4 * rows * 65,
         "dq_semaphore": scratch.data_ptr() + 4 * rows * 66 if deterministic else None,
         "dkv_accum": None, "sorted_tail_blocks": 0, "split_blocks": 0, "splits": 1,
+        "attn_bias_grad": None,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
 
 

@@ -61,6 +61,7 @@ def test_ops_are_registered_with_their_schemas_and_tags():
         "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+        "bool attn_bias_grad, "
         "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
         "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, "
         "Tensor? variant_tensor0, "
@@ -68,7 +69,7 @@ def test_ops_are_registered_with_their_schemas_and_tags():
         "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, bool deterministic, "
         "bool heads_first, Tensor? cu_seqlens_q=None, "
         "Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
-        "-> (Tensor dq, Tensor dk, Tensor dv)")
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)")
     for op in (FWD, BWD):
         assert torch.Tag.pt2_compliant_tag in op.tags
         assert torch.Tag.needs_fixed_stride_order in op.tags
@@ -100,11 +101,16 @@ def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
         q, k, v = make_qkv(shape, device="cuda")
         out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False,
                        heads_first)
-        grads = BWD(torch.randn_like(out), q, k, v, out, lse, 0.125, "none", 0, UNBOUNDED, 0,
-                    0.0, None, *NO_EXTRAS, True, heads_first)
+        *grads, dbias = BWD(torch.randn_like(out), q, k, v, out, lse, False, 0.125, "none", 0,
+                            UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, True, heads_first)
+        *_, full_dbias = BWD(torch.randn_like(out), q, k, v, out, lse, True, 0.125, "none", 0,
+                             UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, True, heads_first)
     for grad, t in zip(grads, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype and grad.device == t.device
         assert grad.stride() == expected_strides(t.shape, heads_first)
+    batch, seqlen_q, heads, _ = q.shape
+    assert dbias.shape == (0,) and dbias.dtype == torch.float32
+    assert full_dbias.shape == (batch, heads, seqlen_q, k.shape[1])
 
 
 def test_fake_implementations_serve_meta_tensors_with_autograd():
@@ -280,14 +286,15 @@ def reference_kernels(monkeypatch):
         return out.copy_(out_ref), lse.copy_(lse_ref)
 
     def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, band, deterministic,
-                           heads_first, *layout, mods):
+                           heads_first, *layout, mods, attn_bias_grad):
         assert all(t is None for t in layout) and mods.score_mod == "none"
+        assert not attn_bias_grad
         calls["backward"].append(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dtype=dtype,
                                       scale=scale, mask=mask, band=band,
                                       deterministic=deterministic, heads_first=heads_first))
         dq, dk, dv = reference_grads(q, k, v, dout, mask == "causal", band.offset, scale)
-        return tuple(launch.empty_output(t, heads_first).copy_(grad)
-                     for t, grad in zip((q, k, v), (dq, dk, dv)))
+        return (*(launch.empty_output(t, heads_first).copy_(grad)
+                  for t, grad in zip((q, k, v), (dq, dk, dv))), None)
 
     monkeypatch.setattr(forward, "forward", reference_forward)
     monkeypatch.setattr(backward, "backward", reference_backward)
@@ -400,7 +407,7 @@ def test_opcheck(reference_kernels, heads_first):
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
     bwd_args = (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out.detach(), lse,
-                0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False, heads_first)
+                False, 0.125, "causal", 16, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False, heads_first)
     torch.library.opcheck(BWD, bwd_args, test_utils=("test_schema", "test_faketensor",
                                                      "test_aot_dispatch_dynamic"))
 

@@ -1,7 +1,8 @@
 """scaled_dot_product_attention's attn_mask: boolean (True: the key takes part) or additive,
 broadcast to (batch, heads, seqlen_q, seqlen_k) as PyTorch broadcasts it, on the bias score
 modifier's kernels of every family. Output and gradients of query, key and value against the fp32
-reference with the same mask; bad masks raise naming the argument."""
+reference with the same mask; an additive mask that requires grad gets its gradient (the mma
+family's backward writes it); bad masks raise naming the argument."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from flashgen import scaled_dot_product_attention
-from flashgen.reference import assert_close_fa2, attention_ref
+from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 from tests.gpu.test_backward import assert_grads_close
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -57,6 +58,62 @@ def test_forward_and_gradients_match_the_reference(dtype, head_dim, case, each_f
                        **reference)
 
 
+@pytest.mark.parametrize("shape, mask_dtype", [
+    ((BATCH, HEADS, SEQLEN_Q, SEQLEN_K), torch.float32),
+    ((1, HEADS, SEQLEN_Q, SEQLEN_K), torch.float32),
+    ((BATCH, 1, 1, SEQLEN_K), torch.float32),
+    ((SEQLEN_Q, SEQLEN_K), torch.float16),
+], ids=["full", "per_head", "padding", "shared_fp16"])
+@pytest.mark.parametrize("heads_kv", [HEADS, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_an_additive_mask_that_requires_grad_gets_its_gradient(dtype, heads_kv, shape,
+                                                               mask_dtype, each_family):
+    mask = torch.randn(shape, device="cuda", dtype=mask_dtype, requires_grad=True)
+    query = torch.randn(BATCH, HEADS, SEQLEN_Q, 64, device="cuda", dtype=dtype,
+                        requires_grad=True)
+    key, value = (torch.randn(BATCH, heads_kv, SEQLEN_K, 64, device="cuda", dtype=dtype,
+                              requires_grad=True) for _ in range(2))
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask,
+                                       enable_gqa=heads_kv != HEADS)
+    dout = torch.randn_like(out)
+    *grads, dmask = torch.autograd.grad(out, (query, key, value, mask), dout)
+    assert dmask.shape == mask.shape and dmask.dtype == mask.dtype
+
+    views = [t.detach().transpose(1, 2) for t in (query, key, value)]
+
+    def reference(upcast: bool):
+        leaf = mask.detach().float().requires_grad_()
+        ref, _ = attention_ref(*views, causal=False, causal_offset=0, score_bias=leaf,
+                               upcast=upcast)
+        return torch.autograd.grad(ref, leaf, dout.transpose(1, 2))[0]
+
+    assert_close_fa2(dmask.float(), reference(True), reference(False), "dmask",
+                     eps=GRADIENT_EPS)
+    assert_grads_close(tuple(g.transpose(1, 2) for g in grads), *views, dout.transpose(1, 2),
+                       causal=False, causal_offset=0, score_bias=mask.detach().float())
+
+
+def test_the_mask_gradient_is_deterministic():
+    mask = torch.randn(1, HEADS, SEQLEN_Q, SEQLEN_K, device="cuda", requires_grad=True)
+    query, key, value = (torch.randn(BATCH, HEADS, s, 64, device="cuda", dtype=torch.bfloat16,
+                                     requires_grad=True)
+                         for s in (SEQLEN_Q, SEQLEN_K, SEQLEN_K))
+    dout = torch.randn(BATCH, HEADS, SEQLEN_Q, 64, device="cuda", dtype=torch.bfloat16)
+
+    def gradients():
+        out = scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        return torch.autograd.grad(out, (query, key, value, mask), dout)
+
+    first = gradients()
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [gradients() for _ in range(2)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+    assert torch.equal(first[3], runs[0][3])  # the mask's gradient is written, not added
+
+
 def test_rows_the_mask_hides_entirely_give_zero():
     query, key, value = (torch.randn(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
                          for _ in range(3))
@@ -71,7 +128,6 @@ def test_rows_the_mask_hides_entirely_give_zero():
     (torch.ones(3, 64, 64, dtype=torch.bool), {}, ValueError, "does not broadcast"),
     (torch.ones(64, 64, dtype=torch.int32), {}, TypeError, "boolean or floating point"),
     (torch.ones(64, 64, dtype=torch.bool), {"is_causal": True}, ValueError, "not both"),
-    (torch.ones(64, 64, requires_grad=True), {}, NotImplementedError, "no gradient"),
 ])
 def test_bad_masks_name_the_argument(mask, kwargs, error, message):
     query, key, value = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16)

@@ -190,8 +190,8 @@ def test_opcheck_with_the_real_kernels(mask, window, softcap, heads_first):
                     heads_first)
     torch.library.opcheck(FWD, forward_args)
     out, lse = FWD(*forward_args)
-    backward_args = (torch.randn_like(out), *(t.detach() for t in (q, k, v, out, lse)), 0.125,
-                     mask, 203 - 113, *window, softcap, None, *NO_EXTRAS, True,
+    backward_args = (torch.randn_like(out), *(t.detach() for t in (q, k, v, out, lse)), False,
+                     0.125, mask, 203 - 113, *window, softcap, None, *NO_EXTRAS, True,
                      heads_first)
     checks = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
     torch.library.opcheck(BWD, backward_args, test_utils=checks)

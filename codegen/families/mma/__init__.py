@@ -80,4 +80,5 @@ FAMILY = Family(
     varlen_forward=True,
     varlen_backward=True,
     dropout_kinds=("fwd", "bwd"),
+    bias_gradient=True,
 )

@@ -32,13 +32,15 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
 
 
 def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
-                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN):
+                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
+                  bias_grad=None):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
     fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
     workspace, D, lse * log2(e), then (deterministic) the order of dQ's adds, one int per query
     block and consumer warpgroup."""
     assert not varlen, "dispatch sends a variable-length batch's backward to another family"
+    assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
     batch, seqlen_q, heads, head_dim = q.shape
     query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
     rows = query_blocks * spec.tile.block_m

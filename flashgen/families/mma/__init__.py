@@ -51,11 +51,13 @@ def pinned_forward_tile(index: int):
 
 
 def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band: Band,
-                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN):
+                  deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
+                  bias_grad=None):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views; the scratch must live until the launch is queued. varlen:
     (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of a variable-length batch packed
-    into (1, total, heads, dim) views."""
+    into (1, total, heads, dim) views. bias_grad: a contiguous (batch, heads, seqlen_q,
+    seqlen_k) fp32 tensor for the bias score modifier's gradient, or None."""
     _, _, heads, head_dim = q.shape
     rows = q.shape[0] * heads * q.shape[1]  # of the per-row statistics and the dQ workspace
     batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
@@ -86,7 +88,8 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         **mods.fields(scale), **band.fields(),
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
-        splits=grid.splits, **sequences)
+        splits=grid.splits, attn_bias_grad=0 if bias_grad is None else bias_grad.data_ptr(),
+        **sequences)
     return args, scratch
 
 

@@ -188,6 +188,10 @@ struct BwdParams : AttentionParams {
   // share of the block's steps (grid_piece). Not on the deterministic path
   int split_blocks;
   int splits;
+  // mma family, bias score modifier: (batch, heads, seqlen_q, seqlen_k) fp32, contiguous, of equal
+  // lengths, where the dK/dV kernel writes dS, the gradient of the bias it added (nullptr: none
+  // wanted)
+  float* attn_bias_grad;
 };
 
 struct DecodeParams : AttentionParams {
@@ -269,7 +273,7 @@ struct DecodeParams : AttentionParams {
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
   X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dkv_accum) \
-  X(sorted_tail_blocks) X(split_blocks) X(splits)
+  X(sorted_tail_blocks) X(split_blocks) X(splits) X(attn_bias_grad)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \

@@ -308,9 +308,11 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     const int64_t row_base = seq.row_stats_offset(p.heads, head);
     const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
     const Dropout dropout(p, seq.batch, head);
+    float* bias_grad = p.attn_bias_grad == nullptr ? nullptr
+        : p.attn_bias_grad + (int64_t(seq.batch) * p.heads + head) * p.seqlen_q * p.seqlen_k;
     compute_p_ds<Traits>(p, seq, mask, score_mod, dropout, tid, sQ(_, _, stage),
                          sdO(_, _, stage), sK, sV, sP, sdS, m_block, n_block,
-                         p.softmax_lse + row_base, p.softmax_d + row_base);
+                         p.softmax_lse + row_base, p.softmax_d + row_base, bias_grad);
     if constexpr (Traits::kDqBulkReduce) {
       if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
     }

@@ -24,9 +24,10 @@ namespace flashgen {
 using namespace cute;
 
 // sQ, sdO: (block_m, head_dim); sK, sV: (block_n, head_dim); sP, sdS: (block_m, block_n).
-// lse and softmax_d point at this (sequence, head)'s rows. `masked` (a bool, or true_type /
-// false_type for a copy of the step fixed at compile time): the tile straddles an edge of the
-// mask.
+// lse and softmax_d point at this (sequence, head)'s rows; bias_grad, where not null, at its
+// (seqlen_q, seqlen_k) slice of the bias score modifier's gradient, which gets dS. `masked` (a
+// bool, or true_type / false_type for a copy of the step fixed at compile time): the tile
+// straddles an edge of the mask.
 template <class Traits, class Seqs, class Mask, class ScoreMod, class Dropout, class SmemQ,
           class SmemK, class SmemP, class Masked>
 __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const& seq,
@@ -35,7 +36,8 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
                                                   SmemQ const& sdO, SmemK const& sK,
                                                   SmemK const& sV, SmemP& sP, SmemP& sdS,
                                                   int m_block, int n_block, const float* lse,
-                                                  const float* softmax_d, Masked masked) {
+                                                  const float* softmax_d, float* bias_grad,
+                                                  Masked masked) {
   using Element = typename Traits::Element;
   using TileS = Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>;
   std::conditional_t<Dropout::kEnabled, typename Traits::TiledMmaSdPDropout,
@@ -107,6 +109,22 @@ __device__ __forceinline__ void compute_p_ds_tile(const BwdParams& p, Seqs const
     }
   }
 
+  if constexpr (std::is_same_v<ScoreMod, ScoreBias>) {
+    if (bias_grad != nullptr) {  // dS is the gradient of the scaled score the bias adds to
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = row0 + get<0>(coords(r, 0));
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(dp); ++c) {
+          const int col = col0 + get<1>(coords(r, c));
+          if (row < seq.seqlen_q && col < seq.seqlen_k) {
+            bias_grad[int64_t(row) * seq.seqlen_k + col] = dp(r, c);
+          }
+        }
+      }
+    }
+  }
+
   auto store = make_tiled_copy_C(AccumulatorStoreCopy<Element>{}, mma);
   auto thr_store = store.get_thread_slice(tid);
   Tensor p_regs = make_tensor_like<Element>(acc_s);
@@ -130,18 +148,19 @@ __device__ __forceinline__ void compute_p_ds(const BwdParams& p, Seqs const& seq
                                              int tid, SmemQ const& sQ,
                                              SmemQ const& sdO, SmemK const& sK, SmemK const& sV,
                                              SmemP& sP, SmemP& sdS, int m_block, int n_block,
-                                             const float* lse, const float* softmax_d) {
+                                             const float* lse, const float* softmax_d,
+                                             float* bias_grad = nullptr) {
   const bool masked =
       mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(m_block, n_block);
   if constexpr (!Traits::kMaskFreeStep) {
     compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
-                              m_block, n_block, lse, softmax_d, masked);
+                              m_block, n_block, lse, softmax_d, bias_grad, masked);
   } else if (masked) {
     compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
-                              m_block, n_block, lse, softmax_d, true_type{});
+                              m_block, n_block, lse, softmax_d, bias_grad, true_type{});
   } else {
     compute_p_ds_tile<Traits>(p, seq, mask, score_mod, dropout, tid, sQ, sdO, sK, sV, sP, sdS,
-                              m_block, n_block, lse, softmax_d, false_type{});
+                              m_block, n_block, lse, softmax_d, bias_grad, false_type{});
   }
 }
 
