@@ -36,19 +36,21 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # 6 head dims + 3 alt tiles, x 2 dtypes; the built-in ones twice (with dropout)
     assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 * 2 + 5 * 2 * 2 * 2
     assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 4 * 2 + 5 * 2 * 2
-    # mma (2 kinds x 2 archs x 6 head dims + 5 alt tiles) and the hopper forward (5 head dims x 3
-    # masks + 2 causal alt tiles) x 2 dtypes x 4 score modifiers
-    assert manifest.count('_dropout_') == (2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
+    # mma (2 kinds x 2 archs x 6 head dims + 5 alt tiles), the hopper forward (5 head dims x 3
+    # masks + 2 causal alt tiles) and backward (2 head dims x 3 masks) x 2 dtypes x 4 score
+    # modifiers
+    assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
+                                           + 2 * 3 * 2 * 4)
     # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes
     assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 2
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 5 * 2 * 2 + 2
     # head dims 64 and 128 x 2 dtypes
-    assert manifest.count('"name": "bwd_hopper_sm90_') == 2 * 2 * 3 * 4 + 5 * 2 * 2
-    # softcap: mma forward, backward, hopper forward (each twice: with dropout), backward, decode
+    assert manifest.count('"name": "bwd_hopper_sm90_') == 2 * 2 * 3 * 4 * 2 + 5 * 2 * 2
+    # softcap: mma forward, backward, hopper forward, backward (each twice: with dropout), decode
     assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
-        (54 + 36 + 34) * 2 + 12 + 24)
+        (54 + 36 + 34 + 12) * 2 + 24)
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -81,9 +83,9 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2" in out
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
-    # the variants' 5 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and hopper
-    # forward with dropout x 4 x 3 x 2
-    assert "290 kernel(s)" in out
+    # the variants' 5 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
+    # hopper forward and backward with dropout x 4 x 3 x 2
+    assert "314 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 
@@ -91,7 +93,7 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_" not in out and "92 kernel(s)" in out
+    assert "fwd_" not in out and "116 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
@@ -103,7 +105,7 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
                  "--score-mod", "softcap", "--dropout", "with"]) == 0
     out = capsys.readouterr().out
-    assert out.count("_softcap_dropout_") == 6 and "6 kernel(s)" in out
+    assert out.count("_softcap_dropout_") == 12 and "12 kernel(s)" in out
 
 
 def test_unknown_arch_is_rejected():

@@ -24,8 +24,8 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # dims + 2 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
     # decode kernels, which take softcap alone of the score modifiers: (2 archs x 2 head dims + 2
     # sm_90 alt tiles) x 2 dtypes x 3 masks x 2. The config's dropout doubles the mma family's
-    # forward and backward kernels and the hopper family's forward ones.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 2 * 3 * 2) * 4
+    # forward and backward kernels and the hopper family's.
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 2 * 3 * 2 * 2) * 4
                 + (2 * 2 + 2) * 2 * 3 * 2)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
@@ -36,9 +36,10 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (2 + 3) * 2 * (3 * 2 + 2 * 2) + 2
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 * 2 + 34 * 2 + 12) * 4 + 24 * 2 + sm_90_variants)
+        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 12) * 2) * 4 + 24 * 2 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
-                                                                 ("hopper", "fwd")}
+                                                                 ("hopper", "fwd"),
+                                                                 ("hopper", "bwd")}
     assert not any(s.dropout and s.variant for s in specs)
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap"}
     assert {s.variant.name for s in specs if s.variant} == {"document", "prefix_lm",
@@ -70,14 +71,15 @@ def test_filters():
                                               "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["bwd"], score_mods=["none"], dropout=True)
-    assert [s.name for s in chosen] == ["bwd_mma_sm90_fp16_hd64_none_dropout_m128n128w8s2"]
+    assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2",
+                                        "bwd_mma_sm90_fp16_hd64_none_dropout_m128n128w8s2"]
 
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 5 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims
-    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 2) * 2 * 3 + (5 * 2 + 2) * 2 * 3 * 4
+    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 2) * 2 * 3 + (5 + 2) * 2 * 2 * 3 * 4
                           + 5 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
@@ -200,19 +202,21 @@ def test_hopper_backward_renders_its_traits_and_launch():
     config = load_config(paths.DEFAULT_CONFIG)
     alibi, added, plain, biased, capped = enumerate_specs(
         config, kinds=["bwd"], family_names=["hopper"], head_dims=[128], dtypes=["bf16"],
-        masks=["none"])
+        masks=["none"], dropout=False)
     text = render.render_spec(plain)
     assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
-    assert "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::IdentityScore>" in text
-    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Softcap>"
-            in render.render_spec(capped))
-    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::Alibi>"
-            in render.render_spec(alibi))
-    assert ("flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::ScoreBias>"
-            in render.render_spec(added))
+    launch = "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::"
+    assert f"{launch}IdentityScore, flashgen::NoDropout>" in text
+    assert f"{launch}Softcap, flashgen::NoDropout>" in render.render_spec(capped)
+    assert f"{launch}Alibi, flashgen::NoDropout>" in render.render_spec(alibi)
+    assert f"{launch}ScoreBias, flashgen::NoDropout>" in render.render_spec(added)
+    (dropped,) = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
+                                 head_dims=[128], dtypes=["bf16"], masks=["none"],
+                                 score_mods=["none"], dropout=True)
+    assert f"{launch}IdentityScore, flashgen::Dropout>" in render.render_spec(dropped)
     # a config-defined score modifier: its struct, then the launch that wraps it
     biased_text = render.render_spec(biased)
     assert "struct relative_bias {" in biased_text and "flashgen_mask_ranges" not in biased_text
     assert ("launch_bwd<Traits, flashgen::NoMask, flashgen::VariantScore<"
-            "flashgen::variants::relative_bias>>" in biased_text)
+            "flashgen::variants::relative_bias>, flashgen::NoDropout>" in biased_text)
     assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in text

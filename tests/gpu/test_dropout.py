@@ -2,8 +2,9 @@
 probability dropped with probability p and the kept ones scaled by 1 / (1 - p), the mask drawn
 by Philox from a key that torch's CUDA generator supplies (common/dropout.cuh).
 
-Forwards run on each family that takes dropout (hopper, mma), backwards on the mma family: the
-mask depends on positions only, so a forward and a backward of different families agree. The
+Forwards and backwards run on each family (hopper, mma; the hopper backward where it has the
+head dim and the batch is not varlen): the mask depends on positions only, so a forward and a
+backward of different families agree, which the varlen and forward_family cases exercise. The
 mask of a call is known exactly: torch.manual_seed(s) makes the call's key the first int64
 its generator draws, and flashgen.reference.dropout_keep computes the mask from the key. Outputs
 and gradients are checked against the fp32 reference under that mask; the mask read back from
@@ -15,7 +16,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import (backward, flash_attn_func, flash_attn_varlen_func, forward,
+from codegen.arch import arch_for_capability
+from flashgen import (backward, flash_attn_func, flash_attn_varlen_func, forward, registry,
                       scaled_dot_product_attention)
 from flashgen.reference import assert_close_fa2, attention_ref, dropout_keep
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
@@ -55,7 +57,7 @@ def identity_values(batch: int, keys: int, heads: int, dtype) -> torch.Tensor:
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_forward_and_gradients_match_the_reference(dtype, head_dim, causal, window, shape,
-                                                   forward_family):
+                                                   each_family):
     batch, seqlen_q, seqlen_k, heads, heads_kv = shape
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, False)
     p = 0.17
@@ -68,8 +70,10 @@ def test_forward_and_gradients_match_the_reference(dtype, head_dim, causal, wind
     forward_spec = forward.kernel_for(q.device, name, head_dim, mask, batch * heads, seqlen_q,
                                       dropout=True)
     backward_spec = backward.kernel_for(q.device, name, head_dim, mask, dropout=True)
-    assert forward_spec.dropout and forward_spec.family == forward_family
-    assert backward_spec.dropout and backward_spec.family == "mma"
+    assert forward_spec.dropout and forward_spec.family == each_family
+    plain = registry.candidates(arch_for_capability(*torch.cuda.get_device_capability()), "bwd",
+                                name, head_dim, mask)[0].spec
+    assert backward_spec.dropout and backward_spec.family == plain.family
 
 
 @pytest.mark.parametrize("score", [{"softcap": 20.0}, {"alibi_slopes": "slopes"}],

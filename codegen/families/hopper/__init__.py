@@ -85,6 +85,6 @@ FAMILY = Family(
     tma_inputs=True,
     tile_counter=True,
     varlen_forward=True,
-    dropout_kinds=("fwd",),
+    dropout_kinds=("fwd", "bwd"),
     cache_forward=True,
 )

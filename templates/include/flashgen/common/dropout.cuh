@@ -10,8 +10,9 @@
 // j0 + 9} (i0 % 16 < 8, j0 % 16 < 8 and even): word x to row i0's columns j0 and j0 + 1 (low
 // and high half), y to row i0 + 8's, z and w the same at columns j0 + 8 and j0 + 9. Those are
 // two m16n8 fp32 accumulator atoms side by side, which a thread of mma.sync's tiles (column-
-// paired in the backward, mma/tiling.cuh) and of wgmma's holds together. flashgen/reference.py's
-// dropout_keep is the same function in torch.
+// paired in the backward, mma/tiling.cuh) and of wgmma's holds together; the hopper backward's
+// transposed tiles split them over two lanes (for_each_dropout_decision_transposed).
+// flashgen/reference.py's dropout_keep is the same function in torch.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,49 @@ __device__ __forceinline__ void for_each_dropout_decision(Dropout const& dropout
       fn(r, c + 3, dropout.keeps_high(bits.z));
       fn(r + 1, c + 2, dropout.keeps_low(bits.w));
       fn(r + 1, c + 3, dropout.keeps_high(bits.w));
+    }
+  }
+}
+
+// The same decisions for a transposed accumulator, keys as rows and query rows as columns (the
+// hopper backward's S^T, a wgmma layout): a thread holds keys k and k + 8 (k % 16 < 8) of query
+// rows q, q + 1, q + 8, q + 9 (q % 16 < 8, even), half of the two atom pairs at (q, k & ~1) and
+// (q + 1, k & ~1); the lane 4 apart, with key k ^ 1, holds the other half. Each of the two draws
+// one pair, keeps its own half of each word and passes the other half over by shuffle. coords:
+// the accumulator's (key, row) positions seen as (rows, cols) (hopper/fragments.cuh's
+// rows_by_cols): row r is key k + 8r, column c = 4t + 2h + e is query row q + 16t + 8h + e.
+// Every lane of the warp must call it.
+template <class Coords, class Fn>
+__device__ __forceinline__ void for_each_dropout_decision_transposed(Dropout const& dropout,
+                                                                     Coords const& coords,
+                                                                     int key0, int row0,
+                                                                     Fn&& fn) {
+  using namespace cute;
+  constexpr int kCols = decltype(size<1>(coords))::value;
+  static_assert(decltype(size<0>(coords))::value == 2 && kCols % 4 == 0);
+  const int key = key0 + get<0>(coords(0, 0));
+  const uint32_t parity = uint32_t(key) & 1u;  // the half of each word this thread's keys take
+  const uint32_t mine = 16u * parity, theirs = 16u - mine;
+  CUTE_UNROLL
+  for (int t = 0; t < kCols / 4; ++t) {
+    const int query = row0 + get<1>(coords(0, 4 * t));
+    const PhiloxBits own = dropout.pair_bits(query + int(parity), key);
+    const uint32_t half = 0xFFFFu;
+    const uint32_t sent_xy = ((own.x >> theirs) & half) | (((own.y >> theirs) & half) << 16);
+    const uint32_t sent_zw = ((own.z >> theirs) & half) | (((own.w >> theirs) & half) << 16);
+    const uint32_t got_xy = __shfl_xor_sync(0xffffffffu, sent_xy, 4);
+    const uint32_t got_zw = __shfl_xor_sync(0xffffffffu, sent_zw, 4);
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {  // query rows q + e and q + 8 + e: own pair iff e == parity
+      const bool own_pair = uint32_t(e) == parity;
+      const uint32_t x = own_pair ? (own.x >> mine) & half : got_xy & half;
+      const uint32_t y = own_pair ? (own.y >> mine) & half : got_xy >> 16;
+      const uint32_t z = own_pair ? (own.z >> mine) & half : got_zw & half;
+      const uint32_t w = own_pair ? (own.w >> mine) & half : got_zw >> 16;
+      fn(0, 4 * t + e, x >= dropout.threshold);
+      fn(0, 4 * t + 2 + e, y >= dropout.threshold);
+      fn(1, 4 * t + e, z >= dropout.threshold);
+      fn(1, 4 * t + 2 + e, w >= dropout.threshold);
     }
   }
 }

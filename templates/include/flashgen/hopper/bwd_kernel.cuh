@@ -17,6 +17,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "flashgen/common/bulk_reduce.cuh"
+#include "flashgen/common/dropout.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
@@ -86,7 +87,7 @@ struct KeyBlockWork {
   }
 };
 
-template <class Traits, class Mask, class ScoreMod, class Tmas>
+template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
   using namespace cute;
@@ -257,6 +258,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_wait<1>();
     const int row0 = m_block * kBlockM;
     const ScoreMod score_mod(p, work.batch, head, p.mask_offset);
+    const Dropout dropout(p, work.batch, head);
     if constexpr (!ScoreMod::kIdentity) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
@@ -273,25 +275,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     const float* lse_log2 = smem.lse_log2 + q_state.index() * kBlockM;
     const float* d = smem.d + do_state.index() * kBlockM;
-    auto prob = [&](int i) {
-      return exp2f(fmaf(tSrS(i), p.scale_log2, -lse_log2[get<1>(tScS(i))]));
+    auto prob = [&](float score, int row) {
+      return exp2f(fmaf(score, p.scale_log2, -lse_log2[row]));
+    };
+    // One score's P^T and dS^T from s (P^T already, or the modified score) and dP^T; under
+    // dropout (keep mask Z, kept ones scaled by 1 / (1 - p)) P^T's place gets Z P^T for dV and
+    // dS^T = P^T (Z dP^T - D).
+    auto p_and_ds = [&](float& s, float& dp, int key, int row, bool keep) {
+      float derivative = 1.f;
+      if constexpr (!ScoreMod::kUnitDerivative) {
+        derivative = score_mod.derivative(s, row0 + row, key0 + key);
+        s = prob(s, row);
+      }
+      float dprob = dp;
+      if constexpr (Dropout::kEnabled) dprob = keep ? dprob * dropout.scale : 0.f;
+      dp = s * (dprob - d[row]) * derivative;
+      if constexpr (Dropout::kEnabled) s = keep ? s * dropout.scale : 0.f;
     };
     if constexpr (ScoreMod::kUnitDerivative) {
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(i);
-      warpgroup_wait<0>();
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrdP); ++i) {
-        tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]);
-      }
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(tSrS(i), get<1>(tScS(i)));
+    }
+    warpgroup_wait<0>();
+    if constexpr (Dropout::kEnabled) {
+      Tensor s = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
+      Tensor dp = make_tensor(tSrdP.data(), rows_by_cols(tSrdP.layout()));
+      Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
+      for_each_dropout_decision_transposed(dropout, coords, key0, row0,
+                                           [&](int r, int c, bool keep) {
+                                             p_and_ds(s(r, c), dp(r, c), get<0>(coords(r, c)),
+                                                      get<1>(coords(r, c)), keep);
+                                           });
     } else {
-      warpgroup_wait<0>();
       CUTE_UNROLL
       for (int i = 0; i < size(tSrdP); ++i) {
-        const float derivative =
-            score_mod.derivative(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
-        tSrS(i) = prob(i);
-        tSrdP(i) = tSrS(i) * (tSrdP(i) - d[get<1>(tScS(i))]) * derivative;
+        p_and_ds(tSrS(i), tSrdP(i), get<0>(tScS(i)), get<1>(tScS(i)), true);
       }
     }
     convert_into(tSrP, tSrS);

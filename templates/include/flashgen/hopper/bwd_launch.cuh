@@ -35,10 +35,10 @@ auto make_bwd_tmas(const BwdParams& p) {
   return BwdTmas<decltype(tma_q), decltype(tma_k)>{tma_q, tma_do, tma_k, tma_v};
 }
 
-// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh. Dense batches only (the
-// family declares no varlen backward): the workspaces are laid out per (batch, head) of whole
-// query blocks.
-template <class Traits, class Mask, class ScoreMod>
+// Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
+// common/dropout.cuh. Dense batches only (the family declares no varlen backward): the
+// workspaces are laid out per (batch, head) of whole query blocks.
+template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBlockM = Traits::kBlockM;
   if (p.cu_seqlens_q != nullptr) return cudaErrorNotSupported;
@@ -70,7 +70,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   bwd_prepare_kernel<Traits><<<unsigned(prepare_grid), kAuxThreads, 0, stream>>>(p);
   const auto tmas = make_bwd_tmas<Traits>(p);
-  auto kernel = bwd_kernel<Traits, Mask, ScoreMod, decltype(tmas)>;
+  auto kernel = bwd_kernel<Traits, Mask, ScoreMod, Dropout, decltype(tmas)>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
