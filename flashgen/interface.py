@@ -27,9 +27,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     softcap; the slopes get no gradient). dropout_p > 0 zeroes each attention probability with
     that probability and scales the others by 1 / (1 - dropout_p) (training; pass 0 to evaluate):
     the mask is drawn from torch's CUDA generator (torch.manual_seed reproduces it, CUDA graphs
-    draw a new one per replay) and the backward regenerates it; these calls run on the mma
-    family's kernels. The causal mask is aligned to the bottom-right corner of the score matrix.
-    Returns
+    draw a new one per replay) and the backward regenerates it. The causal mask is aligned to
+    the bottom-right corner of the score matrix. Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
     softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
     output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it

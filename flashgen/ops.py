@@ -50,8 +50,9 @@ _LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt
 # attn_bias_grad: also the gradient of attn_bias, dbias (batch, heads, seqlen_q, seqlen_k) fp32
 # (else an empty tensor).
 _LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "bool attn_bias_grad, float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-                "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, " +
+                "bool attn_bias_grad, float scale, str mask, SymInt mask_offset, "
+                "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+                "Tensor? attn_bias, str variant, " +
                 _VARIANT_TENSOR_ARGUMENTS +
                 "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
                 "bool deterministic, bool heads_first, "

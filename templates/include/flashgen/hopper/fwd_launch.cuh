@@ -101,10 +101,10 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   const auto tmas = make_fwd_tmas<Traits>(params);
   const bool dense = p.cu_seqlens_q == nullptr && p.cache_seqlens == nullptr &&
                      p.cache_batch_idx == nullptr && p.block_table == nullptr;
-  return dense
-             ? launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, true>(params, tmas, blocks, stream)
-             : launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks,
-                                                                         stream);
+  if (dense) {
+    return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, true>(params, tmas, blocks, stream);
+  }
+  return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks, stream);
 }
 
 }  // namespace flashgen::hopper
