@@ -174,15 +174,20 @@ def check_dropout(dropout_p) -> float:
     return float(dropout_p)
 
 
+def draw_dropout_seed(device) -> torch.Tensor:
+    """A call's Philox key for dropout, (1,) int64 on `device`, from torch's CUDA generator:
+    torch.manual_seed reproduces it, successive calls draw new ones, and a CUDA graph draws a new
+    one at every replay (torch's own graph-safe generator state). A functional randint, which
+    torch.compile traces into its graph (an in-place random_ breaks the graph)."""
+    return torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device=device)
+
+
 def with_dropout(mods, dropout_p: float, device):
-    """mods with a checked dropout_p > 0 and a Philox key for it, drawn from torch's CUDA
-    generator of `device` by a one-element random_: torch.manual_seed reproduces a run,
-    successive calls draw new masks, and a CUDA graph draws a new key at every replay (torch's own
-    graph-safe generator state). The backward reuses the forward's key."""
+    """mods with a checked dropout_p > 0 and a fresh key for it (draw_dropout_seed); the
+    backward reuses the forward's key."""
     import dataclasses
 
-    seed = torch.empty(1, dtype=torch.int64, device=device).random_()
-    return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=seed)
+    return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=draw_dropout_seed(device))
 
 
 def modifiers(softcap, alibi_slopes, q, batch: int):

@@ -5,8 +5,9 @@ by Philox from a key that torch's CUDA generator supplies (common/dropout.cuh).
 Forwards and backwards run on each family (hopper, mma; the hopper backward where it has the
 head dim and the batch is not varlen): the mask depends on positions only, so a forward and a
 backward of different families agree, which the varlen and forward_family cases exercise. The
-mask of a call is known exactly: torch.manual_seed(s) makes the call's key the first int64
-its generator draws, and flashgen.reference.dropout_keep computes the mask from the key. Outputs
+mask of a call is known exactly: after torch.manual_seed(s) the call's key is what
+flashgen.validate.draw_dropout_seed draws first, and flashgen.reference.dropout_keep computes the
+mask from the key. Outputs
 and gradients are checked against the fp32 reference under that mask; the mask read back from
 the kernel itself (v = identity) is checked against it and for its keep rate; the output's mean
 over many masks against attention without dropout."""
@@ -18,7 +19,7 @@ import torch
 
 from codegen.arch import arch_for_capability
 from flashgen import (backward, flash_attn_func, flash_attn_varlen_func, forward, registry,
-                      scaled_dot_product_attention)
+                      scaled_dot_product_attention, validate)
 from flashgen.reference import assert_close_fa2, attention_ref, dropout_keep
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
                                      make_qkv)
@@ -34,7 +35,7 @@ def mask_of_next_call(seed: int, dropout_p: float, batch: int, heads: int, seqle
                       seqlen_k: int) -> torch.Tensor:
     """Seeds torch so that the next flashgen call draws a known key, and returns its mask."""
     torch.manual_seed(seed)
-    key = torch.empty(1, dtype=torch.int64, device="cuda").random_().item()
+    key = validate.draw_dropout_seed("cuda").item()
     torch.manual_seed(seed)
     return dropout_keep(key, dropout_p, batch, heads, seqlen_q, seqlen_k, device="cuda")
 
@@ -238,3 +239,27 @@ def test_a_forced_hopper_family_still_runs_dropout_on_the_mma_family(monkeypatch
     finally:
         forward.clear_plans()
         backward.clear_plans()
+
+
+def test_torch_compile_fullgraph_draws_reproducible_masks():
+    """Under torch.compile the key is drawn in the graph (inductor's own RNG stream, so compiled
+    and eager masks differ, as for any PyTorch random op); a seed still reproduces it, and the
+    kernels' mask keeps 1 - p."""
+    batch, seqlen_q, heads, keys, p = 2, 512, 4, 64, 0.3
+    q = torch.randn(batch, seqlen_q, heads, keys, device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)
+    k = (torch.randn(batch, keys, heads, keys, device="cuda", dtype=torch.bfloat16) * 0.1)
+    v = identity_values(batch, keys, heads, torch.bfloat16)
+
+    @torch.compile(fullgraph=True)
+    def attention(q, k, v):
+        return flash_attn_func(q, k, v, dropout_p=p)
+
+    torch.manual_seed(21)
+    first = attention(q, k, v)
+    torch.manual_seed(21)
+    again = attention(q, k, v)
+    assert torch.equal(first, again)
+    assert abs(kernel_mask(first).float().mean().item() - (1 - p)) < 0.01
+    (dq,) = torch.autograd.grad(first, (q,), torch.randn_like(first))
+    assert dq.isfinite().all()
