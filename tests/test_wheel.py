@@ -116,7 +116,7 @@ from codegen.spec import enumerate_specs
 
 specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_80"], head_dims=[32],
                         dtypes=["fp16"], masks=["none"], kinds=["fwd"], alt_tiles=False,
-                        score_mods=["none"])
+                        score_mods=["none"], dropout=False)
 assert len(specs) == 1, specs
 build.build(specs, objects_only=True, log=lambda line: None)
 print(specs[0].name)
