@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -164,8 +165,6 @@ def check_softcap(softcap) -> float:
 def check_dropout(dropout_p) -> float:
     """FlashAttention-2's and SDPA's dropout_p: the probability of dropping each attention
     probability, a number in [0, 1)."""
-    import math
-
     if (isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float))
             or math.isnan(dropout_p) or not 0.0 <= dropout_p < 1.0):
         raise ValueError(f"flashgen: dropout_p must be a number in [0, 1) (the probability of "
@@ -185,8 +184,6 @@ def draw_dropout_seed(device) -> torch.Tensor:
 def with_dropout(mods, dropout_p: float, device):
     """mods with a checked dropout_p > 0 and a fresh key for it (draw_dropout_seed); the
     backward reuses the forward's key."""
-    import dataclasses
-
     return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=draw_dropout_seed(device))
 
 
