@@ -16,8 +16,7 @@ from dataclasses import dataclass
 class ScoreModKind:
     name: str                # in the config's `score_mods`, spec names and dispatch
     cpp_type: str            # the policy the templates instantiate
-    kinds: tuple[str, ...]   # the kernel kinds that take it (decode: only one that reads no
-                             # head: a decode tile's rows are all the heads of a KV head)
+    kinds: tuple[str, ...]   # the kernel kinds that take it
 
 
 SCORE_MODS = {m.name: m for m in (
@@ -26,7 +25,7 @@ SCORE_MODS = {m.name: m for m in (
     # (params.h's softcap).
     ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "decode")),
     # ALiBi, the slopes at run time (params.h's alibi_slopes).
-    ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd")),
+    ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd", "decode")),
     # An additive bias per score (SDPA's attn_mask), the tensor at run time (params.h's
     # attn_bias).
     ScoreModKind("bias", "flashgen::ScoreBias", ("fwd", "bwd")),

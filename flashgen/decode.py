@@ -54,13 +54,14 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-           cache_batch_idx, block_table, scale: float, softcap: float, window_left: int,
-           window_right: int, rotary_interleaved: bool, num_splits: int):
+           cache_batch_idx, block_table, scale: float, softcap: float, alibi_slopes,
+           window_left: int, window_right: int, rotary_interleaved: bool, num_splits: int):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
     inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
     first (rotated when rotary_cos is given). The queries see the band of keys that
     validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
-    > 0 caps the scores."""
+    > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
+    bottom-right like the mask."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not launch.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -87,7 +88,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         mask = "none"
     device_index = q.get_device()
     packed_rows = seqlen_q * (heads // heads_kv)
-    mods = Modifiers(softcap=softcap)
+    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes)
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
                             mods.score_mod)
     spec = launcher.spec

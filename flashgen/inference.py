@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from codegen.score_mods import PLAIN
 from flashgen import ops, validate
 
 
@@ -29,17 +30,17 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     each sequence's keys (and lets calls of 256 or more new tokens attend on a forward that
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
     N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
-    bottom-right to each sequence's keys; softcap as in flash_attn_func. Returns out
+    bottom-right to each sequence's keys; softcap and alibi_slopes as in flash_attn_func
+    (ALiBi's distance aligned bottom-right too). Returns out
     (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out, softmax_lse), lse
     (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe: nothing on the device
     is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
-    # The decode kernels take no per-head score modifier: a tile's rows are every head's.
-    validate.check_unsupported(cache_leftpad=(cache_leftpad, None),
-                               alibi_slopes=(alibi_slopes, None))
-    softcap = validate.check_softcap(softcap) if softcap else 0.0
+    validate.check_unsupported(cache_leftpad=(cache_leftpad, None))
     validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
     batch, seqlen_q, heads, head_dim = q.shape
+    mods = (validate.modifiers(softcap, alibi_slopes, q, batch)
+            if softcap or alibi_slopes is not None else PLAIN)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -69,8 +70,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                              cache_rows, rows_per_page)
     out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, block_table, scale,
-                                          softcap, band.left, band.right, bool(rotary_interleaved),
-                                          num_splits)
+                                          mods.softcap, mods.alibi_slopes, band.left, band.right,
+                                          bool(rotary_interleaved), num_splits)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -69,11 +69,13 @@ _LIBRARY.define("mask_ranges(str variant, Tensor q, Tensor k, Tensor[] variant_t
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
 # caches in place at cache_seqlens; the queries see the band window_left .. window_right around
 # their position (bottom-right aligned per sequence, codegen/masks.py); softcap > 0 caps the
-# scores; num_splits 0 lets flashgen/decode.py choose. Not differentiable.
+# scores, alibi_slopes biases them; num_splits 0 lets flashgen/decode.py choose. Not
+# differentiable.
 _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
                 "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
                 "Tensor? cache_batch_idx, Tensor? block_table, float scale, float softcap, "
-                "int window_left, int window_right, bool rotary_interleaved, int num_splits) "
+                "Tensor? alibi_slopes, int window_left, int window_right, "
+                "bool rotary_interleaved, int num_splits) "
                 "-> (Tensor out, Tensor lse)", tags=_TAGS)
 
 

@@ -301,7 +301,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
     made = record_empty(monkeypatch)
     out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, table,
-                             0.125, 0.0, 13, 0, False, splits)
+                             0.125, 0.0, None, 13, 0, False, splits)
     ((params, stream),) = launcher.launches
     assert stream == 77
     out_made, lse_made, o_accum, lse_accum, q_rot = made

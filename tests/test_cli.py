@@ -31,7 +31,7 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
                                                                      "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
     # 3 masks; forward and backward kernels x 4 score modifiers (none, softcap, alibi, bias), decode
-    # none and softcap; then the config's variants at head dims 64 and 128: 5 masks (document,
+    # none, softcap and alibi; then the config's variants at head dims 64 and 128: 5 masks (document,
     # prefix_lm, and relative_bias under each of the 3) x 2 dtypes.
     # 6 head dims + 3 alt tiles, x 2 dtypes; the built-in ones twice (with dropout)
     assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 * 2 + 5 * 2 * 2 * 2
@@ -41,8 +41,8 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # modifiers
     assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
                                            + 2 * 3 * 2 * 4)
-    # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes
-    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 2
+    # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes x 3 masks x 3 score modifiers
+    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 3
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 5 * 2 * 2 + 2
@@ -85,7 +85,7 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
     # the variants' 5 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
     # hopper forward and backward with dropout x 4 x 3 x 2
-    assert "314 kernel(s)" in out
+    assert "326 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 
@@ -97,7 +97,7 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "62 kernel(s)" in out
+    assert "_causal_" not in out and "66 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
                  "--score-mod", "softcap", "--dropout", "without"]) == 0
     out = capsys.readouterr().out

@@ -463,6 +463,6 @@ def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
         table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
         seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
         out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, table,
-                           0.125, 0.0, UNBOUNDED, 0, True, 0)
+                           0.125, 0.0, None, UNBOUNDED, 0, True, 0)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32

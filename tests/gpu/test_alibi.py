@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen import (backward, decode, flash_attn_func, flash_attn_varlen_func,
+                      flash_attn_with_kvcache, forward)
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
                                      make_qkv)
@@ -89,6 +90,38 @@ def test_deterministic_gradients_are_bit_identical(head_dim, each_family):
     assert all(torch.equal(a, b) for a, b in zip(first, grads()))
     assert backward.kernel_for(q.device, "bf16", head_dim, "causal",
                                score_mod="alibi").score_mod == "alibi"
+
+
+@pytest.mark.parametrize("num_splits", [0, 3])
+@pytest.mark.parametrize("new_tokens", [1, 4, 300], ids=lambda n: f"new{n}")
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+@pytest.mark.parametrize("per_sequence", [False, True], ids=["heads", "batch_heads"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kvcache_decode_and_chunked_prefill_are_biased(head_dim, per_sequence, page_size,
+                                                       new_tokens, num_splits):
+    """The decode kernels (whose rows are the heads of a KV head, each with its own slope) and,
+    from 256 new tokens with num_splits=0, the forward that reads the cache; the distance is
+    aligned bottom-right to each sequence's keys."""
+    from tests.gpu.test_kvcache import Cache, reference
+
+    batch, capacity, heads, dtype = 3, 704, 8, torch.bfloat16
+    lengths = [capacity, 333, new_tokens]
+    cache = Cache(batch, capacity, 2, head_dim, dtype, lengths, page_size)
+    q = torch.randn(batch, new_tokens, heads, head_dim, device="cuda").to(dtype)
+    alibi = slopes(batch, heads, per_sequence)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                       block_table=cache.block_table, causal=True,
+                                       alibi_slopes=alibi, num_splits=num_splits,
+                                       return_softmax_lse=True)
+    keys, values = cache.logical(cache.k), cache.logical(cache.v)
+    for b, length in enumerate(lengths):
+        ref, ref_lse, same_dtype = reference(q[b:b + 1], keys[b:b + 1], values[b:b + 1], [length],
+                                             True, alibi_slopes=alibi[b] if per_sequence else alibi)
+        assert_close_fa2(out[b:b + 1], ref, same_dtype, f"out of sequence {b}")
+        assert_close_fa2(lse[b:b + 1], ref_lse, ref_lse, name=f"lse of sequence {b}", eps=1e-4)
+    assert decode.kernel_for(q.device, "bf16", head_dim, True, new_tokens, group=4,
+                             score_mod="alibi").score_mod == "alibi"
 
 
 @pytest.mark.parametrize("bad, error, message", [

@@ -14,6 +14,9 @@ namespace flashgen {
 struct IdentityScore {
   static constexpr bool kIdentity = true;
   static constexpr bool kUnitDerivative = true;  // derivative() is 1: the backward skips it
+  // Whether it depends on the head it was constructed for (a decode tile's rows span the heads
+  // of a KV head, so it constructs one per row then).
+  static constexpr bool kReadsHead = false;
   // For the sequence `batch` of the call, query head `head`; offset is the sequence's
   // seqlen_k - seqlen_q where the modifier is aligned bottom-right (the mask's offset).
   __device__ __forceinline__ IdentityScore(AttentionParams const& /*p*/, int /*batch*/,
@@ -38,6 +41,7 @@ struct IdentityScore {
 struct Softcap {
   static constexpr bool kIdentity = false;
   static constexpr bool kUnitDerivative = false;
+  static constexpr bool kReadsHead = false;
   float prescale;  // softmax_scale / softcap
 
   __device__ __forceinline__ Softcap(AttentionParams const& p, int /*batch*/, int /*head*/,
@@ -59,6 +63,7 @@ struct Softcap {
 struct Alibi {
   static constexpr bool kIdentity = false;
   static constexpr bool kUnitDerivative = true;
+  static constexpr bool kReadsHead = true;
   float slope;  // slope / softmax_scale
   int offset;
 
@@ -79,6 +84,7 @@ struct Alibi {
 struct ScoreBias {
   static constexpr bool kIdentity = false;
   static constexpr bool kUnitDerivative = true;
+  static constexpr bool kReadsHead = true;
   const float* bias;  // this (sequence, head)'s first row
   int64_t row_stride;
   int seqlen_q;

@@ -129,6 +129,7 @@ template <class V>
 struct VariantScore {
   static constexpr bool kIdentity = false;
   static constexpr bool kUnitDerivative = V::kUnitGradient;
+  static constexpr bool kReadsHead = true;
   V variant;
   float scale;
   int batch;

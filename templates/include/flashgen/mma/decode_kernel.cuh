@@ -32,8 +32,8 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 }
 
 // Mask: a policy of common/mask.cuh, applied to each packed row's token. ScoreMod: of
-// common/score_mod.cuh, one that reads no head (a tile's rows belong to every head of the group):
-// the kinds whose codegen/score_mods.py entry lists decode.
+// common/score_mod.cuh, the kinds whose codegen/score_mods.py entry lists decode; one that reads
+// the head is constructed per packed row (a tile's rows belong to every head of the group).
 template <class Traits, class Mask, class ScoreMod>
 __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodeParams p) {
   using Element = typename Traits::Element;
@@ -59,7 +59,15 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   const KvCacheRows cache(p, batch, head_kv);
   // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
   const Mask mask(p, batch, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  // The modifier of a packed row: its own head's where the modifier reads one (ALiBi's slope).
   const ScoreMod score_mod(p, batch, head_kv * group, cache.seqlen_k - p.seqlen_q);
+  auto row_modifier = [&](int packed_row) {
+    if constexpr (ScoreMod::kReadsHead) {
+      return ScoreMod(p, batch, head_kv * group + packed_row % group, cache.seqlen_k - p.seqlen_q);
+    } else {
+      return score_mod;
+    }
+  };
   const int first_token = row0 / group;
   const int last_token = (min(packed_rows, row0 + kBlockM) - 1) / group;
 
@@ -184,10 +192,17 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK(_, _, _, smem_pipe_read), smem_copy_q,
               smem_copy_k);
       if constexpr (!ScoreMod::kIdentity) {
+        Tensor scores = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));  // (rows, cols)
+        Tensor coords = make_tensor(tScS.data(), rowcol_layout(tScS.layout()));
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_s); ++i) {
-          acc_s(i) = score_mod.apply(acc_s(i), (row0 + get<0>(tScS(i))) / group,
-                                     n_block * kBlockN + get<1>(tScS(i)));
+        for (int r = 0; r < size<0>(scores); ++r) {
+          const int packed_row = row0 + get<0>(coords(r, 0));
+          const ScoreMod row_score_mod = row_modifier(packed_row);
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(scores); ++c) {
+            scores(r, c) = row_score_mod.apply(scores(r, c), packed_row / group,
+                                               n_block * kBlockN + get<1>(coords(r, c)));
+          }
         }
       }
       // The visible keys of a token are one run, which moves right with the token: a tile whose
