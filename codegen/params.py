@@ -82,8 +82,9 @@ ATTENTION_FIELDS = (
     Field("attn_bias_batch_stride", "int64_t", default=0),
     Field("attn_bias_head_stride", "int64_t", default=0),
     Field("attn_bias_row_stride", "int64_t", default=0),
-    Field("mask_ranges", "int*", "A config-defined mask's MaskRange (common/variant.cuh) per "
-          "sequence and 16 query rows, (batch, ceil(seqlen_q / 16)), 4 ints each", default=0),
+    Field("mask_ranges", "int*", "A config-defined mask's MaskRange and key-group bitmap "
+          "(common/variant.cuh) per sequence and 16 query rows, (batch, ceil(seqlen_q / 16), "
+          "mask_row_ints) ints", default=0),
     *(field_ for i in range(VARIANT_TENSORS) for field_ in (
         Field(f"variant_tensor{i}", "const void*", "A config-defined variant's tensors, "
               "contiguous, in the order its table declares them, each with its sizes (1 past "

@@ -15,7 +15,8 @@ an accessor (`name(i, j)`, `name.size(d)`), and for score_mod and score_mod_grad
 scaled score q.k * softmax_scale for score_mod, the modified score for score_mod_grad, which
 returns d score_mod / d score ("1" for a bias: the backward then skips it). A mask_mod must not
 read h (its block ranges are shared by a sequence's heads). Tensor dims named batch, heads,
-heads_kv, seqlen_q or seqlen_k, or written as numbers, are checked per call; other names are free.
+heads_kv, seqlen_q or seqlen_k, written as numbers, or as such a name over a number (seqlen_q/128:
+the count of 128-row blocks, rounded up) are checked per call; other names are free.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _NAME = re.compile(r"[a-z][a-z0-9_]*")
 _TENSOR = re.compile(r"\s*(\w+)\s*\[([^\]]*)\]\s*")
 _RESERVED = {"b", "h", "q_idx", "kv_idx", "score", "p", *CHECKED_DIMS}
 _UNIT = re.compile(r"\s*1(\.0*)?f?\s*")
+_BLOCKS = re.compile(r"(\w+)\s*/\s*([1-9][0-9]*)")  # a checked dim in blocks of a number
 
 
 class VariantError(ValueError):
@@ -51,6 +53,19 @@ class VariantTensor:
     @property
     def cpp_type(self) -> str:
         return DTYPES[self.dtype][0]
+
+    def expected_shape(self, sizes: dict) -> tuple:
+        """The size each dim must have in a call whose CHECKED_DIMS are `sizes` (None: free)."""
+        def size(dim: str):
+            if dim.isdigit():
+                return int(dim)
+            if dim in CHECKED_DIMS:
+                return sizes[dim]
+            blocks = _BLOCKS.fullmatch(dim)
+            if blocks and blocks.group(1) in CHECKED_DIMS:
+                return -(-sizes[blocks.group(1)] // int(blocks.group(2)))
+            return None
+        return tuple(size(d) for d in self.dims)
 
 
 @dataclass(frozen=True, order=True)
@@ -135,6 +150,12 @@ def _method(result: str, name: str, parameters: str, snippet: str) -> list[str]:
             "    (void)b; (void)h; (void)q_idx; (void)kv_idx;", indented, "  }"]
 
 
+def _dim_is_valid(dim: str) -> bool:
+    blocks = _BLOCKS.fullmatch(dim)
+    return (dim.isdigit() or bool(_NAME.fullmatch(dim))
+            or bool(blocks and blocks.group(1) in CHECKED_DIMS))
+
+
 def parse_variants(raw, fail) -> tuple[Variant, ...]:
     """The config's [variants.<name>] tables; fail(where, message) makes the ConfigError."""
     if not isinstance(raw, dict):
@@ -184,11 +205,10 @@ def _parse_variant(name: str, table, fail) -> Variant:
         if match is None or match.group(1) not in DTYPES:
             raise fail(tensor_where, f"{declaration!r} must read \"dtype[dims]\" with dtype in "
                        f"{sorted(DTYPES)}, e.g. \"int32[batch, seqlen_k]\"")
-        dims = tuple(d.strip() for d in match.group(2).split(","))
-        if not 1 <= len(dims) <= MAX_RANK or not all(d.isdigit() or _NAME.fullmatch(d)
-                                                      for d in dims):
-            raise fail(tensor_where, f"{declaration!r}: 1 to {MAX_RANK} dims, each a name or a "
-                       f"number")
+        dims = tuple(re.sub(r"\s+", "", d) for d in match.group(2).split(","))
+        if not 1 <= len(dims) <= MAX_RANK or not all(_dim_is_valid(d) for d in dims):
+            raise fail(tensor_where, f"{declaration!r}: 1 to {MAX_RANK} dims, each a name, a "
+                       f"number or one of {list(CHECKED_DIMS)} over a number (seqlen_q/128)")
         tensors.append(VariantTensor(tensor_name, match.group(1), dims))
     head_dims = table.get("head_dims", [])
     if not isinstance(head_dims, list) or not all(isinstance(d, int) for d in head_dims):

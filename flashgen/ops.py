@@ -120,11 +120,10 @@ def _mask_ranges_cuda(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=No
 
 def _mask_ranges_fake(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=None,
                       max_seqlen_q=0, max_seqlen_k=0):
-    batch, seqlen_q = q.shape[0], q.shape[1]
+    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if cu_seqlens_q is not None:
-        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
-    groups = (seqlen_q + variants.MASK_RANGE_ROWS - 1) // variants.MASK_RANGE_ROWS
-    return q.new_empty((batch, groups, variants.MASK_RANGE_INTS), dtype=torch.int32)
+        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
+    return q.new_empty(variants.block_mask_shape(batch, seqlen_q, seqlen_k), dtype=torch.int32)
 
 
 def _slots(tensors: tuple) -> tuple:

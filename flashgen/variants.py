@@ -14,11 +14,25 @@ import torch
 from codegen import params
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
-from codegen.variants import CHECKED_DIMS, DTYPES, Variant
+from codegen.variants import DTYPES, Variant
 from flashgen import launch, loader, registry
 
 MASK_RANGE_ROWS = 16  # common/variant.cuh's kMaskRangeRows
-MASK_RANGE_INTS = 4   # and the ints of its MaskRange
+MASK_RANGE_INTS = 4   # and the ints of its MaskRange (kMaskRangeInts)
+MAX_BITMAP_WORDS = 48 * 1024 // 8  # a group of rows' two bitmaps are built in shared memory
+
+
+def mask_block_words(seqlen_k: int) -> int:
+    """common/variant.cuh's mask_block_words: one bit per 16 keys, a spare word, 16-byte rows."""
+    key_groups = -(-seqlen_k // MASK_RANGE_ROWS)
+    return (-(-key_groups // 32) + 1 + 3) // 4 * 4
+
+
+def block_mask_shape(batch: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int, int]:
+    """(batch, groups of 16 query rows, ints per group): each group's MaskRange, then its bitmaps
+    of the groups of 16 keys it sees any of and those it sees whole."""
+    return (batch, -(-seqlen_q // MASK_RANGE_ROWS),
+            MASK_RANGE_INTS + 2 * mask_block_words(seqlen_k))
 
 
 def resolve(name) -> Variant:
@@ -38,7 +52,7 @@ class BlockMask:
     """A variant's mask ranges for one batch of sizes and one content of its tensors: pass it as
     block_mask= to every call that shares them, and build it again when the tensors change."""
     variant: str
-    ranges: torch.Tensor  # (batch, ceil(seqlen_q / 16), MASK_RANGE_INTS) int32
+    ranges: torch.Tensor  # block_mask_shape(batch, seqlen_q, seqlen_k) int32
     batch: int
     seqlen_q: int
     seqlen_k: int
@@ -93,8 +107,7 @@ def check_tensors(variant: Variant, tensors, q, k, batch: int, seqlen_q: int,
             raise TypeError(f"flashgen: {where} must be {dtype}, got {t.dtype}")
         if t.device != q.device:
             raise ValueError(f"flashgen: {where} is on {t.device}, q on {q.device}")
-        expected = [sizes[d] if d in CHECKED_DIMS else int(d) if d.isdigit() else None
-                    for d in declared.dims]
+        expected = declared.expected_shape(sizes)
         if t.dim() != len(expected) or any(e is not None and e != n
                                            for e, n in zip(expected, t.shape)):
             raise ValueError(f"flashgen: {where} must have shape [{', '.join(declared.dims)}] = "
@@ -153,8 +166,12 @@ def compute_mask_ranges(variant: Variant, q, k, tensors: tuple, varlen: tuple,
     """Runs the variant's mask-range kernels (in launcher's library: every kernel of a variant
     with a mask_mod carries them) for q, k as passed to the forward."""
     batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
-    groups = -(-seqlen_q // MASK_RANGE_ROWS)
-    ranges = torch.empty((batch, groups, MASK_RANGE_INTS), dtype=torch.int32, device=q.device)
+    if mask_block_words(seqlen_k) > MAX_BITMAP_WORDS:
+        raise ValueError(f"flashgen: variant {variant.name!r}'s block mask covers at most "
+                         f"{(MAX_BITMAP_WORDS - 4) * 32 * MASK_RANGE_ROWS} keys, got seqlen_k "
+                         f"{seqlen_k}")
+    ranges = torch.empty(block_mask_shape(batch, seqlen_q, seqlen_k), dtype=torch.int32,
+                         device=q.device)
     if ranges.numel() == 0:
         return ranges
     fields = Modifiers(variant=variant, variant_tensors=tensors, mask_ranges=ranges).fields(1.0)

@@ -29,7 +29,8 @@ def test_default_config_declares_the_documented_head_dims():
     assert config.head_dims("hopper", "fwd", "sm_90") == [64, 96, 128, 192, 256]
     assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none", "window")
     assert config.score_mods == ("alibi", "bias", "none", "softcap")
-    assert [v.name for v in config.variants] == ["document", "prefix_lm", "relative_bias"]
+    assert [v.name for v in config.variants] == ["block_sparse", "document", "prefix_lm",
+                                                "relative_bias"]
 
 
 def test_default_config_has_a_backward_tile_per_head_dim():

@@ -230,7 +230,7 @@ def test_a_mask_variant_takes_its_block_mask_ranges():
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
     doc_ids = torch.zeros(2, 32, dtype=torch.int32)
-    ranges = torch.zeros(2, 2, variants.MASK_RANGE_INTS, dtype=torch.int32)
+    ranges = torch.zeros(variants.block_mask_shape(2, 32, 32), dtype=torch.int32)
     block_mask = variants.BlockMask("document", ranges, 2, 32, 32)
     mask, _, mods = variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32,
                                      32, "none", Band(0), PLAIN)

@@ -6,9 +6,12 @@ against flashgen's own dense kernel (it must cost nothing). Dropout, which FlexA
 take, is timed against those two SDPA backends with the same dropout_p.
 
 Every case is causal at seqlen 8k, batch 2, 16 heads (the issue's shapes), at head dims 128 and
-64. flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim)
-copies of the same values, each in its own native layout. The document case runs the default
-config's `document` variant with its block mask built once outside the timing, as Flex's is.
+64, but the block-sparse one (FlashAttention-1's block-sparse attention is not causal).
+flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim) copies
+of the same values, each in its own native layout. The document and block-sparse cases run the
+default config's `document` and `block_sparse` variants with their block masks built once
+outside the timing, as Flex's are. The block-sparse layout is BigBird's: each 128-block of
+queries sees the first key block, its neighbours and RANDOM_BLOCKS random others.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ WINDOW = 1024
 SOFTCAP = 30.0
 DOCUMENTS = 8
 DROPOUT = 0.1
+SPARSE_BLOCK = 128  # the block_sparse variant's block size
+RANDOM_BLOCKS = 3
 CASES = ("causal", f"window {WINDOW}", f"softcap {SOFTCAP:g}", "alibi",
          f"document mask ({DOCUMENTS} docs)", "window wider than the sequence",
-         f"dropout {DROPOUT:g}")
+         f"dropout {DROPOUT:g}", "block-sparse (BigBird, not causal)")
 SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
 class Inputs:
-    """What a case's calls share beyond q, k, v: ALiBi's slopes and the documents' ids."""
+    """What a case's calls share beyond q, k, v: ALiBi's slopes, the documents' ids and the
+    block-sparse layout."""
 
     def __init__(self, batch: int, heads: int, seqlen: int):
         import torch
@@ -46,6 +52,16 @@ class Inputs:
             starts[cuts] = 1
             ids.append(starts.cumsum(0, dtype=torch.int32))
         self.doc_ids = torch.stack(ids).cuda()
+        blocks = -(-seqlen // SPARSE_BLOCK)
+        layout = torch.zeros(batch, blocks, blocks, dtype=torch.int32)
+        rows = torch.arange(blocks)
+        layout[:, :, 0] = 1
+        for offset in (-1, 0, 1):
+            layout[:, rows, (rows + offset).clamp(0, blocks - 1)] = 1
+        for b in range(batch):
+            picks = torch.randint(blocks, (blocks, RANDOM_BLOCKS), generator=generator)
+            layout[b, rows.view(-1, 1), picks] = 1
+        self.layout = layout.cuda()
 
 
 def _flashgen(case: str, inputs: Inputs, q, k):
@@ -66,6 +82,10 @@ def _flashgen(case: str, inputs: Inputs, q, k):
         tensors = {"doc_ids": inputs.doc_ids}
         kwargs = {"variant": "document", "variant_tensors": tensors,
                   "block_mask": flashgen.block_mask("document", q, k, tensors)}
+    elif case.startswith("block-sparse"):
+        tensors = {"layout": inputs.layout}
+        kwargs = {"variant": "block_sparse", "variant_tensors": tensors,
+                  "block_mask": flashgen.block_mask("block_sparse", q, k, tensors)}
     return lambda q, k, v: flash_attn_func(q, k, v, **kwargs)
 
 
@@ -85,11 +105,18 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
     def document(b, h, q_idx, kv_idx):
         return (q_idx >= kv_idx) & (doc_ids[b, q_idx] == doc_ids[b, kv_idx])
 
+    layout = inputs.layout
+
+    def block_sparse(b, h, q_idx, kv_idx):
+        return layout[b, q_idx // SPARSE_BLOCK, kv_idx // SPARSE_BLOCK] != 0
+
     mask_mod = causal
     if case.startswith("window ") and "wider" not in case:
         mask_mod = window
     elif case.startswith("document"):
         mask_mod = document
+    elif case.startswith("block-sparse"):
+        mask_mod = block_sparse
     block_mask = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device="cuda")
     score_mod = None
     if case.startswith("softcap"):

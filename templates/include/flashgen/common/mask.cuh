@@ -18,6 +18,9 @@ namespace flashgen {
 struct NoMask {
   // Whether the policy hides keys inside the sequence (then a tile's rows may see different keys).
   static constexpr bool kHidesKeys = false;
+  // Whether its key and query block ranges may hold tiles with no visible element, which
+  // visits() tells apart (a config-defined mask with holes); the walks below skip those.
+  static constexpr bool kSkipsBlocks = false;
   int seqlen_k;
 
   // For sequence `batch` of the call, of seqlen_k keys, offset its mask_offset.
@@ -58,6 +61,7 @@ struct NoMask {
 // Query row i sees key j iff j <= i + offset (offset: per sequence, see params.h's mask_offset).
 struct CausalMask {
   static constexpr bool kHidesKeys = true;
+  static constexpr bool kSkipsBlocks = false;
   int seqlen_k;
   int offset;
 
@@ -101,6 +105,7 @@ struct CausalMask {
 // (it measurably slows them). Bounds are at most 2^30 (params.h), so no sum overflows.
 struct WindowMask {
   static constexpr bool kHidesKeys = true;
+  static constexpr bool kSkipsBlocks = false;
   int seqlen_k;
   int offset;
   int left;
@@ -141,6 +146,114 @@ struct WindowMask {
   }
   __device__ __forceinline__ bool visible(int row, int col) const {
     return col < seqlen_k && col <= row + offset + right && col >= row + offset - left;
+  }
+};
+
+// Walks over a mask's block ranges that step over the tiles it has no visible element in (only
+// a policy with kSkipsBlocks has such tiles inside its ranges; for the others these are the
+// plain ranges and steps). Every family's kernels walk with them, so that forward and backward
+// agree on which tiles exist.
+
+// Whether tile (m_block, n_block) of a kBlockM x kBlockN tiling holds a visible element.
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ bool visits(Mask const& mask, int m_block, int n_block) {
+  if constexpr (Mask::kSkipsBlocks) {
+    return mask.template visits<kBlockM, kBlockN>(m_block, n_block);
+  } else {
+    return true;
+  }
+}
+
+// The first and last key blocks of [begin, end) that query block m_block visits (first > last:
+// none).
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int2 visited_key_blocks(Mask const& mask, int m_block, int begin,
+                                                   int end) {
+  if constexpr (Mask::kSkipsBlocks) {
+    begin = mask.template visited_key_block_from<kBlockM, kBlockN>(m_block, begin, end);
+    end = max(begin, mask.template visited_key_block_below<kBlockM, kBlockN>(m_block, end) + 1);
+  }
+  return make_int2(begin, end - 1);
+}
+
+// The visited key block below n_block, or first - 1 when n_block is first (the lowest visited).
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int key_block_below(Mask const& mask, int m_block, int n_block,
+                                               int first) {
+  if constexpr (Mask::kSkipsBlocks) {
+    return max(first - 1,
+               mask.template visited_key_block_below<kBlockM, kBlockN>(m_block, n_block));
+  } else {
+    return n_block - 1;
+  }
+}
+
+// The first and last query blocks of [begin, end) that see a key of key block n_block.
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int2 visited_query_blocks(Mask const& mask, int n_block, int begin,
+                                                     int end) {
+  if constexpr (Mask::kSkipsBlocks) {
+    while (begin < end && !visits<kBlockM, kBlockN>(mask, begin, n_block)) ++begin;
+    while (end > begin && !visits<kBlockM, kBlockN>(mask, end - 1, n_block)) --end;
+  }
+  return make_int2(begin, end - 1);
+}
+
+// The visited query block above m_block, or last + 1 when m_block is last.
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int query_block_above(Mask const& mask, int n_block, int m_block,
+                                                 int last) {
+  ++m_block;
+  if constexpr (Mask::kSkipsBlocks) {
+    while (m_block < last && !visits<kBlockM, kBlockN>(mask, m_block, n_block)) ++m_block;
+  }
+  return m_block;
+}
+
+// A step of a backward key block's walk: a query head of its KV head's group, a query block.
+struct BwdStep {
+  int head, m_block;
+};
+
+// A backward key block's walk: each query head of the group in turn, and for each the query
+// blocks from first to last that see a key of the block, stepping over those in between without
+// a visible score where the mask has such (kSkipsBlocks).
+template <int kBlockM, int kBlockN, class Mask>
+struct QueryBlockWalk {
+  int n_block;
+  int first, last;            // query blocks
+  int head_first, head_end;   // query heads
+
+  // m_begin .. m_end - 1: the mask's query block range for n_block.
+  __device__ __forceinline__ QueryBlockWalk(Mask const& mask, int n_block, int m_begin, int m_end,
+                                            int head_first, int heads)
+      : n_block(n_block), head_first(head_first), head_end(head_first + heads) {
+    const int2 visited = visited_query_blocks<kBlockM, kBlockN>(mask, n_block, m_begin, m_end);
+    first = visited.x;
+    last = visited.y;
+  }
+  __device__ __forceinline__ bool has_steps() const { return first <= last; }
+  // The number of steps, exact where the mask skips no blocks (else an upper bound).
+  __device__ __forceinline__ int steps_at_most() const {
+    return has_steps() ? (head_end - head_first) * (last - first + 1) : 0;
+  }
+  __device__ __forceinline__ bool done(BwdStep at) const {
+    return !has_steps() || at.head >= head_end;
+  }
+  __device__ __forceinline__ BwdStep next(Mask const& mask, BwdStep at) const {
+    const int m_block = query_block_above<kBlockM, kBlockN>(mask, n_block, at.m_block, last);
+    return m_block > last ? BwdStep{at.head + 1, first} : BwdStep{at.head, m_block};
+  }
+  // Step `step` of the walk: closed-form where the mask skips no blocks, else walked to.
+  __device__ __forceinline__ BwdStep at_step(Mask const& mask, int step) const {
+    if constexpr (!Mask::kSkipsBlocks) {
+      const int blocks = last - first + 1;
+      return {head_first + step / blocks, first + step % blocks};
+    } else {
+      BwdStep at{head_first, first};
+      for (; step > 0 && !done(at); --step) at = next(mask, at);
+      return at;
+    }
   }
 };
 

@@ -57,8 +57,8 @@ struct AttentionParams {
   int64_t attn_bias_batch_stride;
   int64_t attn_bias_head_stride;
   int64_t attn_bias_row_stride;
-  // A config-defined mask's MaskRange (common/variant.cuh) per sequence and 16 query rows, (batch,
-  // ceil(seqlen_q / 16)), 4 ints each
+  // A config-defined mask's MaskRange and key-group bitmap (common/variant.cuh) per sequence and 16
+  // query rows, (batch, ceil(seqlen_q / 16), mask_row_ints) ints
   int* mask_ranges;
   // A config-defined variant's tensors, contiguous, in the order its table declares them, each with
   // its sizes (1 past its rank)

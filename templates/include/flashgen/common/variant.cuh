@@ -4,8 +4,12 @@
 // and a score modifier (common/score_mod.cuh) that every kernel of both families takes.
 //
 // A predicate says nothing about which key blocks a query block may skip, so a call first runs
-// compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): a
-// MaskRange per sequence and group of 16 query rows.
+// compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): per
+// sequence and group of 16 query rows, the range of keys it sees and two bitmaps over its groups
+// of 16 keys: those it sees any key of, and those it sees whole. Kernels visit the tiles inside
+// the range with a bit of the first set (a block-sparse mask's unlisted blocks are never loaded)
+// and mask those not wholly in the second (a block-sparse mask's listed blocks run unmasked).
+// Groups of 16 divide every tile, so one block mask serves every family's tiles.
 #pragma once
 
 #include <climits>
@@ -18,49 +22,65 @@
 
 namespace flashgen {
 
-// Rows per entry of the mask's block ranges: every tile's block_m and block_n is a multiple.
+// Rows (and keys) per group of the block mask: every tile's block_m and block_n is a multiple.
 constexpr int kMaskRangeRows = 16;
 
 __host__ __device__ __forceinline__ int mask_range_groups(AttentionParams const& p) {
   return (p.seqlen_q + kMaskRangeRows - 1) / kMaskRangeRows;
 }
 
-// What the mask of one group of 16 query rows lets them see. Block ranges use first and end, made
-// monotone (first a minimum over this and later groups, end a maximum over this and earlier
-// ones) so that every family's block ranges agree, forward and backward (the hopper backward's
-// deterministic dQ order counts on it). Every row sees the keys all_first..all_last (rows that see
-// an unbroken run): tiles inside that run are not masked. Within masked tiles the mask_mod runs on
-// every element: testing these ranges per element first costs more than it saves (H100,
-// docs/performance.md section 5).
+// Each bitmap's 32-bit words: one bit per group of 16 keys (bit g % 32 of word g / 32), a spare
+// word so that any tile's run of bits lies in two adjacent words, rounded to 16 bytes
+// (flashgen/variants.py's mask_block_words).
+__host__ __device__ __forceinline__ int mask_block_words(AttentionParams const& p) {
+  const int key_groups = (p.seqlen_k + kMaskRangeRows - 1) / kMaskRangeRows;
+  return ((key_groups + 31) / 32 + 1 + 3) / 4 * 4;
+}
+
+// The ints per group of query rows in params.mask_ranges: its MaskRange, the bitmap of key
+// groups it sees any key of, the bitmap of those it sees whole.
+constexpr int kMaskRangeInts = 4;
+__host__ __device__ __forceinline__ int mask_row_ints(AttentionParams const& p) {
+  return kMaskRangeInts + 2 * mask_block_words(p);
+}
+
+// The keys one group of 16 query rows sees lie in [first, end), made monotone (first a minimum
+// over this and later groups, end a maximum over this and earlier ones) so that every family's
+// block ranges agree, forward and backward (the hopper backward's deterministic dQ order counts
+// on it). Padded to 16 bytes, so that the bitmaps behind it are aligned.
 struct alignas(16) MaskRange {
   int first, end;
-  int all_first, all_last;
 };
+static_assert(sizeof(MaskRange) == kMaskRangeInts * sizeof(int));
 
-// The mask policy of a variant with a mask_mod: params.mask_ranges holds the MaskRanges.
+// The mask policy of a variant with a mask_mod: params.mask_ranges holds the MaskRanges and
+// bitmaps. Within the tiles it masks the mask_mod runs on every element.
 template <class V>
 struct VariantMask {
   static constexpr bool kHidesKeys = true;
+  static constexpr bool kSkipsBlocks = true;
   V variant;
   int batch;
   int seqlen_q;
   int seqlen_k;
   int groups;
-  const MaskRange* ranges;  // this sequence's
-  mutable int all_see_block = -1;  // tile_needs_mask's query block, and the keys all its rows see
-  mutable int all_see_first = 0;
-  mutable int all_see_last = 0;
+  int row_ints;        // mask_row_ints
+  int words;           // mask_block_words
+  const int* entries;  // this sequence's, one per group of query rows
 
   __device__ __forceinline__ VariantMask(AttentionParams const& p, int batch, int seqlen_k,
                                          int /*offset*/)
       : variant(p), batch(batch),
         seqlen_q(p.cu_seqlens_q == nullptr ? p.seqlen_q
                                            : p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]),
-        seqlen_k(seqlen_k), groups(mask_range_groups(p)),
-        ranges(reinterpret_cast<const MaskRange*>(p.mask_ranges) + int64_t(batch) * groups) {}
+        seqlen_k(seqlen_k), groups(mask_range_groups(p)), row_ints(mask_row_ints(p)),
+        words(mask_block_words(p)), entries(p.mask_ranges + int64_t(batch) * groups * row_ints) {}
 
   __device__ __forceinline__ int group_of(int row) const {
     return min(groups - 1, row / kMaskRangeRows);
+  }
+  __device__ __forceinline__ MaskRange range(int group) const {
+    return *reinterpret_cast<const MaskRange*>(entries + group * row_ints);
   }
   template <int kBlockN>
   __device__ __forceinline__ int key_blocks() const {
@@ -68,11 +88,11 @@ struct VariantMask {
   }
   template <int kBlockN>
   __device__ __forceinline__ int key_block_begin(int first_row) const {
-    return min(key_blocks<kBlockN>(), ranges[group_of(first_row)].first / kBlockN);
+    return min(key_blocks<kBlockN>(), range(group_of(first_row)).first / kBlockN);
   }
   template <int kBlockN>
   __device__ __forceinline__ int key_block_end(int last_row) const {
-    return min(key_blocks<kBlockN>(), (ranges[group_of(last_row)].end + kBlockN - 1) / kBlockN);
+    return min(key_blocks<kBlockN>(), (range(group_of(last_row)).end + kBlockN - 1) / kBlockN);
   }
   // The query blocks m with key_block_begin(m's first row) <= n_block < key_block_end(m's last
   // row, padded): both bounds grow with m, so they are a run, found by bisection.
@@ -96,25 +116,83 @@ struct VariantMask {
     return low;
   }
   __device__ __forceinline__ bool sees_from(int /*row*/, int /*col*/) const { return true; }
-  // The keys that every row of query block m_block sees, for the block asked about last: kernels
-  // ask about one query block's tiles in turn, so the loads run once per query block, not in
-  // every tile's softmax.
-  template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block) const {
-    if (m_block != all_see_block) {
-      all_see_block = m_block;
-      all_see_first = 0;
-      all_see_last = INT_MAX;
-      const int first_group = m_block * (kBlockM / kMaskRangeRows);
-      const int end_group = min(groups, first_group + kBlockM / kMaskRangeRows);
-      for (int g = first_group; g < end_group; ++g) {
-        all_see_first = max(all_see_first, ranges[g].all_first);
-        all_see_last = min(all_see_last, ranges[g].all_last);
+
+  // Word `word` of bitmap `bitmap` (0: seen, 1: wholly seen) of each row group of query block
+  // m_block, ORed (kAll false) or ANDed (kAll true); the loads are independent, so a test costs
+  // one load's latency.
+  template <int kBlockM, bool kAll>
+  __device__ __forceinline__ uint64_t row_groups_bits(int m_block, int word, int bitmap,
+                                                     bool two_words) const {
+    static_assert(kBlockM % kMaskRangeRows == 0, "tiles are whole groups of 16 rows");
+    constexpr int kRowGroups = kBlockM / kMaskRangeRows;
+    const int first_group = m_block * kRowGroups;
+    const int* bits = entries + first_group * row_ints + kMaskRangeInts + bitmap * words + word;
+    uint64_t result = kAll ? ~uint64_t(0) : 0;
+    CUTE_UNROLL
+    for (int g = 0; g < kRowGroups; ++g) {
+      if (first_group + g < groups) {
+        const int* at = bits + g * row_ints;
+        const uint64_t run = uint32_t(__ldg(at)) |
+                             (two_words ? uint64_t(uint32_t(__ldg(at + 1))) << 32 : 0);
+        result = kAll ? result & run : result | run;
       }
     }
-    const int first_col = n_block * kBlockN;
-    const int last_col = first_col + kBlockN - 1;
-    return last_col >= seqlen_k || first_col < all_see_first || last_col > all_see_last;
+    return result;
+  }
+  // The mask of key block n_block's key groups within the 64 bits from word n_block's first key
+  // group lies in.
+  template <int kBlockN>
+  __device__ __forceinline__ static uint64_t key_block_span(int n_block) {
+    static_assert(kBlockN % kMaskRangeRows == 0 && kBlockN / kMaskRangeRows <= 32,
+                  "tiles are whole groups of 16 keys, at most 512");
+    constexpr int kKeyGroups = kBlockN / kMaskRangeRows;
+    return ((uint64_t(1) << kKeyGroups) - 1) << (n_block * kKeyGroups % 32);
+  }
+  // Whether a row of query block m_block sees a key of key block n_block.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ bool visits(int m_block, int n_block) const {
+    const int word = n_block * (kBlockN / kMaskRangeRows) / 32;
+    return (row_groups_bits<kBlockM, false>(m_block, word, 0, true) &
+            key_block_span<kBlockN>(n_block)) != 0;
+  }
+  // The highest key block below n_block that query block m_block visits, or -1: a word (32 key
+  // groups) of the rows' ORed bitmap at a time.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int visited_key_block_below(int m_block, int n_block) const {
+    constexpr int kKeyGroups = kBlockN / kMaskRangeRows;
+    for (int end = n_block * kKeyGroups; end > 0;) {  // the key groups below `end`
+      const int word = (end - 1) / 32;
+      const int below = end - word * 32;  // this word's bits below `end`
+      const uint32_t seen = uint32_t(row_groups_bits<kBlockM, false>(m_block, word, 0, false)) &
+                            (below >= 32 ? ~0u : (1u << below) - 1);
+      if (seen) return (word * 32 + 31 - __clz(seen)) / kKeyGroups;
+      end = word * 32;
+    }
+    return -1;
+  }
+  // The lowest key block from n_block on that query block m_block visits, or `blocks` if none
+  // below `blocks` does.
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ int visited_key_block_from(int m_block, int n_block,
+                                                        int blocks) const {
+    constexpr int kKeyGroups = kBlockN / kMaskRangeRows;
+    const int end = blocks * kKeyGroups;
+    for (int from = n_block * kKeyGroups; from < end;) {  // the key groups from `from` on
+      const int word = from / 32;
+      const uint32_t seen = uint32_t(row_groups_bits<kBlockM, false>(m_block, word, 0, false)) &
+                            (~0u << (from % 32));
+      if (seen) return min(blocks, (word * 32 + __ffs(seen) - 1) / kKeyGroups);
+      from = (word + 1) * 32;
+    }
+    return blocks;
+  }
+  // Whether some row of the tile does not see some key of it (or the tile passes seqlen_k).
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block) const {
+    if ((n_block + 1) * kBlockN > seqlen_k) return true;
+    const int word = n_block * (kBlockN / kMaskRangeRows) / 32;
+    const uint64_t span = key_block_span<kBlockN>(n_block);
+    return (row_groups_bits<kBlockM, true>(m_block, word, 1, true) & span) != span;
   }
   // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them.
   __device__ __forceinline__ bool visible(int row, int col) const {
@@ -146,11 +224,14 @@ struct VariantScore {
   }
 };
 
-// Block (group, sequence), one warp per row: each row's first and last visible key and how many
-// it sees (a row whose count fills the span sees an unbroken run).
+// Block (group, sequence), one warp per row, each lane a key of every 32: the group's first and
+// end key and its two bitmaps, gathered in shared memory from each warp's ballots (a key group
+// is wholly seen when every row of the group inside the sequence sees each of its keys inside
+// the sequence).
 template <class V>
 __global__ void __launch_bounds__(32 * kMaskRangeRows)
     mask_rows_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
+  extern __shared__ uint32_t bitmaps[];  // seen, then wholly seen
   const int group = blockIdx.x;
   const int batch = blockIdx.y;
   const DenseSeqs seq(p, batch);
@@ -158,36 +239,48 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int row = group * kMaskRangeRows + warp;
-  int first = INT_MAX, last = -1, count = 0;
-  if (row < seq.seqlen_q) {
-    for (int col = lane; col < seq.seqlen_k; col += 32) {
-      if (variant.mask_mod(batch, 0, row, col)) {
-        first = min(first, col);
-        last = col;
-        ++count;
-      }
+  const bool row_inside = row < seq.seqlen_q;
+  const int words = mask_block_words(p);
+  for (int w = threadIdx.x; w < 2 * words; w += blockDim.x) bitmaps[w] = w < words ? 0u : ~0u;
+  __syncthreads();
+  int first = INT_MAX, last = -1;
+  for (int col0 = 0; col0 < seq.seqlen_k; col0 += 32) {  // every lane of the warp, for the ballot
+    const int col = col0 + lane;
+    const bool visible = row_inside && col < seq.seqlen_k &&
+                         variant.mask_mod(batch, 0, row, col);
+    if (visible) {
+      first = min(first, col);
+      last = col;
+    }
+    const uint32_t seen = __ballot_sync(0xffffffffu, visible);
+    const uint32_t unseen = __ballot_sync(0xffffffffu, col < seq.seqlen_k) & ~seen;
+    if (lane == 0 && row_inside) {
+      // Cols col0 .. col0 + 31 are key groups 2k and 2k + 1 (k = col0 / 32).
+      const int key_group = col0 / kMaskRangeRows;
+      const uint32_t any = (seen & 0xffffu ? 1u : 0u) | (seen >> 16 ? 2u : 0u);
+      const uint32_t partial = (unseen & 0xffffu ? 1u : 0u) | (unseen >> 16 ? 2u : 0u);
+      if (any) atomicOr(&bitmaps[key_group / 32], any << (key_group % 32));
+      if (partial) atomicAnd(&bitmaps[words + key_group / 32], ~(partial << (key_group % 32)));
     }
   }
   for (int offset = 16; offset > 0; offset /= 2) {
     first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
     last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
-    count += __shfl_xor_sync(0xffffffffu, count, offset);
   }
-  __shared__ int4 rows[kMaskRangeRows];
-  if (lane == 0) rows[warp] = make_int4(first, last, count, row < seq.seqlen_q);
+  __shared__ int2 rows[kMaskRangeRows];
+  if (lane == 0) rows[warp] = make_int2(first, last);
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  MaskRange range{INT_MAX, 0, 0, INT_MAX};
-  for (int r = 0; r < kMaskRangeRows; ++r) {
-    const int4 row_range = rows[r];  // first, last, count, inside the sequence
-    if (!row_range.w) continue;
-    range.first = min(range.first, row_range.x);
-    range.end = max(range.end, row_range.y + 1);
-    const bool unbroken = row_range.z > 0 && row_range.z == row_range.y - row_range.x + 1;
-    range.all_first = unbroken ? max(range.all_first, row_range.x) : INT_MAX;
-    range.all_last = unbroken ? min(range.all_last, row_range.y) : -1;
+  int* entry = p.mask_ranges + (int64_t(batch) * gridDim.x + group) * mask_row_ints(p);
+  for (int w = threadIdx.x; w < 2 * words; w += blockDim.x) {
+    entry[kMaskRangeInts + w] = int(bitmaps[w]);
   }
-  reinterpret_cast<MaskRange*>(p.mask_ranges)[int64_t(batch) * gridDim.x + group] = range;
+  if (threadIdx.x != 0) return;
+  MaskRange range{INT_MAX, 0};
+  for (int r = 0; r < kMaskRangeRows; ++r) {  // a row that sees nothing has first > last
+    range.first = min(range.first, rows[r].x);
+    range.end = max(range.end, rows[r].y + 1);
+  }
+  *reinterpret_cast<MaskRange*>(entry) = range;
 }
 
 // Block per sequence: the first keys as minima over later groups, the ends as maxima over earlier
@@ -215,15 +308,19 @@ __global__ void __launch_bounds__(kScanThreads)
     mask_ranges_scan_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
   __shared__ int scratch[kScanThreads];
   const int groups = mask_range_groups(p);
-  MaskRange* ranges = reinterpret_cast<MaskRange*>(p.mask_ranges) + int64_t(blockIdx.x) * groups;
+  const int row_ints = mask_row_ints(p);
+  int* entries = p.mask_ranges + int64_t(blockIdx.x) * groups * row_ints;
+  auto ranges = [&](int g) -> MaskRange& {
+    return *reinterpret_cast<MaskRange*>(entries + int64_t(g) * row_ints);
+  };
   const auto min_op = [](int a, int b) { return min(a, b); };
   const auto max_op = [](int a, int b) { return max(a, b); };
   int carry = 0;  // ends: a running maximum, first to last
   for (int base = 0; base < groups; base += kScanThreads) {
     const int g = base + threadIdx.x;
-    const int end = max(carry, block_inclusive_scan(g < groups ? ranges[g].end : 0, max_op,
+    const int end = max(carry, block_inclusive_scan(g < groups ? ranges(g).end : 0, max_op,
                                                     scratch));
-    if (g < groups) ranges[g].end = end;
+    if (g < groups) ranges(g).end = end;
     if (threadIdx.x == kScanThreads - 1) scratch[0] = end;
     __syncthreads();
     carry = scratch[0];
@@ -234,8 +331,8 @@ __global__ void __launch_bounds__(kScanThreads)
        base -= kScanThreads) {
     const int g = base + kScanThreads - 1 - threadIdx.x;  // reversed within the chunk
     const int first = min(carry, block_inclusive_scan(
-                                     g < groups ? ranges[g].first : INT_MAX, min_op, scratch));
-    if (g < groups) ranges[g].first = min(first, ranges[g].end);
+                                     g < groups ? ranges(g).first : INT_MAX, min_op, scratch));
+    if (g < groups) ranges(g).first = min(first, ranges(g).end);
     if (threadIdx.x == kScanThreads - 1) scratch[0] = first;
     __syncthreads();
     carry = scratch[0];
@@ -243,12 +340,16 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
-// Fills p.mask_ranges ((batch, mask_range_groups(p)) MaskRange) for the variant V.
+// Fills p.mask_ranges ((batch, mask_range_groups(p), mask_row_ints(p)) ints) for the variant V.
 template <class V>
 cudaError_t compute_mask_ranges(AttentionParams const& p, cudaStream_t stream) {
   const int groups = mask_range_groups(p);
   if (groups == 0 || p.batch == 0) return cudaSuccess;
-  mask_rows_kernel<V><<<dim3(groups, p.batch), 32 * kMaskRangeRows, 0, stream>>>(p);
+  const int bitmap_bytes = 2 * mask_block_words(p) * 4;
+  if (bitmap_bytes > 48 * 1024) {  // 3M keys: beyond, the bitmaps would need an opt-in
+    return cudaErrorInvalidValue;
+  }
+  mask_rows_kernel<V><<<dim3(groups, p.batch), 32 * kMaskRangeRows, bitmap_bytes, stream>>>(p);
   mask_ranges_scan_kernel<<<p.batch, kScanThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

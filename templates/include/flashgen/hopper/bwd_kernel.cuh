@@ -44,9 +44,6 @@ template <class Traits, class Mask>
 struct KeyBlockWork {
   int n_block, head_kv, batch;
   int m_blocks;  // query blocks of a head
-  int m_begin;   // the query blocks that see a key of the block: m_begin to m_end - 1
-  int m_end;
-  int group;     // query heads per KV head
   Mask mask;
 
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
@@ -62,28 +59,36 @@ struct KeyBlockWork {
     head_kv = index / n_blocks % p.heads_kv;
     batch = index / n_blocks / p.heads_kv;
     m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    m_end = mask.template query_block_end<Traits::kBlockM, Traits::kBlockN>(n_block, m_blocks);
-    m_begin = min(m_end, mask.template query_block_begin<Traits::kBlockM, Traits::kBlockN>(
-                             n_block));
-    group = p.heads / p.heads_kv;
   }
-  // Steps: (query head of the group, query block) pairs.
-  __device__ __forceinline__ int steps() const { return group * (m_end - m_begin); }
-  __device__ __forceinline__ int head(int step) const {
-    return head_kv * group + step / (m_end - m_begin);
-  }
-  __device__ __forceinline__ int m_block(int step) const {
-    return m_begin + step % (m_end - m_begin);
+  // The query blocks that see a key of the block, for each query head of the group.
+  __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
+      BwdParams const& p) const {
+    const int m_end =
+        mask.template query_block_end<Traits::kBlockM, Traits::kBlockN>(n_block, m_blocks);
+    const int m_begin = min(m_end, mask.template query_block_begin<Traits::kBlockM,
+                                                                   Traits::kBlockN>(n_block));
+    const int group = p.heads / p.heads_kv;
+    return {mask, n_block, m_begin, m_end, head_kv * group, group};
   }
   // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
     return ((int64_t(batch) * p.heads + head) * m_blocks + m_block) * Traits::kBlockM;
   }
   // A deterministic run's order of dQ adds to a query block: descending key blocks, from the last
-  // one that the block's rows (padded to the whole block) see.
+  // one that the block's rows (padded to the whole block) see. Where the mask skips blocks, the
+  // turns count only the key blocks that visit it (the others add nothing, and never run).
   __device__ __forceinline__ int dq_turn(int m_block) const {
-    return mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1) -
-           1 - n_block;
+    const int end =
+        mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1);
+    if constexpr (Mask::kSkipsBlocks) {
+      int turn = 0;
+      for (int n = n_block + 1; n < end; ++n) {
+        turn += visits<Traits::kBlockM, Traits::kBlockN>(mask, m_block, n);
+      }
+      return turn;
+    } else {
+      return end - 1 - n_block;
+    }
   }
 };
 
@@ -105,7 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const bool deterministic = p.dq_semaphore != nullptr;
   const KeyBlockWork<Traits, Mask> work(p, deterministic);
-  const int steps = work.steps();
+  const auto walk = work.walk(p);
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool producer_thread = threadIdx.x == 0;
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (!producer_thread || steps == 0) return;
+    if (!producer_thread || !walk.has_steps()) return;
 
     Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
     Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
@@ -174,12 +179,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                stats_stages + state.index() * kBlockM, kBlockM * 4);
       ++state;
     };
-    for (int step = 0; step < steps; ++step) {
-      const int head = work.head(step);
-      const int m_block = work.m_block(step);
-      load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2, head,
-                m_block);
-      load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, head, m_block);
+    for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at); at = walk.next(work.mask, at)) {
+      load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2, at.head,
+                at.m_block);
+      load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
+                at.m_block);
     }
     return;
   }
@@ -236,12 +240,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   clear(tdVrdV);
   clear(tdKrdK);
-  if (steps > 0) TxBarrier::wait(&smem.kv_full, 0);
+  if (walk.has_steps()) TxBarrier::wait(&smem.kv_full, 0);
   typename Pipeline::PipelineState q_state, do_state;
   const int key0 = work.n_block * kBlockN + consumer * 64;
-  for (int step = 0; step < steps; ++step) {
-    const int head = work.head(step);
-    const int m_block = work.m_block(step);
+  int step = 0;
+  for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
+       at = walk.next(work.mask, at), ++step) {
+    const int head = at.head;
+    const int m_block = at.m_block;
     const int ds_buffer = step & 1;
 
     pipeline_q.consumer_wait(q_state);

@@ -210,8 +210,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     TmaRows<kBlockN> rows;
     Mask mask;
     bool past_end;  // a packed sequence shorter than the longest: nothing to compute or store
-    int n_first;    // key blocks this tile visits: n_first + n_blocks - 1 down to n_first
-    int n_blocks;
+    int n_first;    // key blocks this tile visits: n_last, then each below() down to n_first
+    int n_last;
+
+    __device__ __forceinline__ bool has_keys() const { return n_last >= n_first; }
+    // The key block visited after n_block, first - 1 after the last.
+    __device__ __forceinline__ int below(int n_block) const {
+      return key_block_below<kBlockM, kBlockN>(mask, tile.m_block, n_block, n_first);
+    }
   };
   auto work_of = [&](int index) {
     const TileCoord tile = TileCoord::of<Mask::kHidesKeys>(index, m_blocks, p.heads);
@@ -225,9 +231,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
     const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)
                              : TmaRows<kBlockN>::of(p, seq, reads_cache);
-    const int n_first = mask.template key_block_begin<kBlockN>(tile.m_block * kBlockM);
-    const int n_end = mask.template key_block_end<kBlockN>(last_row);
-    return Work{tile, seq, rows, mask, past_end, n_first, past_end ? 0 : max(0, n_end - n_first)};
+    const int n_begin = mask.template key_block_begin<kBlockN>(tile.m_block * kBlockM);
+    const int n_end = past_end ? n_begin : mask.template key_block_end<kBlockN>(last_row);
+    const int2 visited = visited_key_blocks<kBlockM, kBlockN>(mask, tile.m_block, n_begin, n_end);
+    return Work{tile, seq, rows, mask, past_end, visited.x, visited.y};
   };
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
@@ -282,7 +289,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       handoff.send(t, index);
       if (index >= tiles) break;
       const Work w = work_of(index);
-      if (w.n_blocks == 0) continue;
+      if (!w.has_keys()) continue;
       const int head_kv = w.tile.head / (p.heads / p.heads_kv);
       // (64-row slab, head dim, slabs) of this head's queries.
       Tensor gQ = local_tile(
@@ -317,7 +324,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ++state;
       };
 
-      int n_block = w.n_first + w.n_blocks - 1;
+      int n_block = w.n_last;
       load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block);
       // Q's buffer is free once the consumers are done with the previous Q (and, without an own
       // output buffer, with the output staged over it).
@@ -329,11 +336,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         copy(tmas.q.with(smem.q_full), tQgQ(_, w.tile.m_block * kConsumers + c), tQsQ(_, c));
       }
       // K one block ahead of V: the consumers need K of block n before V of block n + 1.
-      for (; n_block >= w.n_first; --n_block) {
-        if (n_block > w.n_first) {
-          load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block - 1);
+      while (n_block >= w.n_first) {
+        const int next = w.below(n_block);
+        if (next >= w.n_first) {
+          load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, next);
         }
         load_key_block(tmas.v, mV, sV, tVgV, tVsV, pipeline_v, v_state, n_block);
+        n_block = next;
       }
     }
     return;
@@ -419,17 +428,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (Traits::kOwnOutputBuffer) Barrier::arrive(&smem.q_free);
     };
 
-    if (w.n_blocks > 0) {
+    if (w.has_keys()) {
       if constexpr (Traits::kPingpong) {
         if (consumer == kConsumers - 1) named_arrive(kTurnBarrier, 256);
       }
       TxBarrier::wait(&smem.q_full, q_loads++ & 1);
 
-      int n_block = w.n_first + w.n_blocks - 1;
+      int n_block = w.n_last;
       wait_turn();
       pipeline_k.consumer_wait(k_state);
       warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-      pass_turn(!Traits::kOverlap && w.n_blocks == 1);
+      pass_turn(!Traits::kOverlap && w.n_last == w.n_first);
       warpgroup_wait<0>();
       pipeline_k.consumer_release(k_state);
       ++k_state;
@@ -442,7 +451,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         // Block n's QK^T and block n + 1's PV go out together; the softmax of block n runs
         // while the PV is still on the tensor cores.
         convert_into(tSrP, tSrS);
-        for (--n_block; n_block >= w.n_first; --n_block) {
+        for (n_block = w.below(n_block); n_block >= w.n_first; n_block = w.below(n_block)) {
           wait_turn();
           pipeline_k.consumer_wait(k_state);
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
@@ -478,7 +487,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           warpgroup_wait<0>();
           pipeline_v.consumer_release(v_state);
           ++v_state;
-          if (--n_block < w.n_first) break;
+          n_block = w.below(n_block);
+          if (n_block < w.n_first) break;
           wait_turn();
           pipeline_k.consumer_wait(k_state);
           warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
@@ -520,7 +530,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert_into(tOrO_out, tOrO);
     // The previous tile's store of the same rows must have read them. In Q's buffer the next
     // Q load waited for that, except after a tile without keys, which loaded no Q.
-    if (Traits::kOwnOutputBuffer || w.n_blocks == 0) {
+    if (Traits::kOwnOutputBuffer || !w.has_keys()) {
       if (Traits::kOwnOutputBuffer && thread == 0) tma_store_wait<0>();
       named_sync(kEpilogueBarrier + consumer, 128);
     }
@@ -531,7 +541,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       store_rows<Traits::kHeadDim>(sO(_, _, consumer), p, w.seq, w.tile.head, row0, thread);
       if constexpr (!Traits::kOwnOutputBuffer) {
         named_sync(kEpilogueBarrier + consumer, 128);  // every thread has read the rows
-        if (thread == 0 && w.n_blocks > 0) Barrier::arrive(&smem.q_free);
+        if (thread == 0 && w.has_keys()) Barrier::arrive(&smem.q_free);
       }
       continue;
     }
@@ -547,7 +557,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       tma_store_arrive();
       if constexpr (!Traits::kOwnOutputBuffer) {
         tma_store_wait<0>();
-        if (w.n_blocks > 0) Barrier::arrive(&smem.q_free);
+        if (w.has_keys()) Barrier::arrive(&smem.q_free);
       }
     }
   }

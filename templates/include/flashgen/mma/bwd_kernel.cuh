@@ -157,12 +157,16 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
 
   // Query blocks that see a key of this block: those the mask lets see it. Steps run over (query
-  // head in the group, query block); none means dK = dV = 0. A piece runs its share of them.
+  // head in the group, query block); none means dK = dV = 0. A piece runs its share of them (a
+  // mask that skips blocks hides keys, and such grids are not split: its walk's steps are
+  // counted only by walking).
   const int num_m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block_min = mask.template query_block_begin<kBlockM, kBlockN>(n_block);
   const int m_block_end = mask.template query_block_end<kBlockM, kBlockN>(n_block, num_m_blocks);
-  const int m_steps = max(0, m_block_end - m_block_min);
-  const int steps = group * m_steps;
+  const int m_block_min =
+      min(m_block_end, mask.template query_block_begin<kBlockM, kBlockN>(n_block));
+  const QueryBlockWalk<kBlockM, kBlockN, Mask> walk(mask, n_block, m_block_min, m_block_end,
+                                                    head_kv * group, group);
+  const int steps = walk.steps_at_most();
   const int step_begin = piece.piece * steps / piece.pieces;
   const int step_end = (piece.piece + 1) * steps / piece.pieces;
   const int kv_rows = seq.seqlen_k - n_block * kBlockN;
@@ -199,12 +203,9 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   Tensor tQcQ = gmem_thr.partition_S(make_identity_tensor(TileQ{}));     // (CPY, CPY_M, CPY_K)
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));  // (CPY, CPY_N, CPY_K)
 
-  // Step -> (query head, query block).
-  auto head_of = [&](int step) { return head_kv * group + step / m_steps; };
-  auto m_block_of = [&](int step) { return m_block_min + step % m_steps; };
-  auto load_q_do = [&](int step, int stage) {
-    const int head = head_of(step);
-    const int m_block = m_block_of(step);
+  auto load_q_do = [&](BwdStep at, int stage) {
+    const int head = at.head;
+    const int m_block = at.m_block;
     const int rows = seq.seqlen_q - m_block * kBlockM;
     Tensor gQ = local_tile(seq.template q_rows<const Element, kHeadDim>(
                                p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head),
@@ -230,7 +231,8 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
                             kv_rows);
   copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(gV), gmem_thr.partition_D(sV), tKVcKV,
                             kv_rows);
-  if (step_begin < step_end) load_q_do(step_begin, step_begin % kQStages);
+  BwdStep at = walk.at_step(mask, step_begin);  // the step computed next
+  if (step_begin < step_end && !walk.done(at)) load_q_do(at, step_begin % kQStages);
   cp_async_fence();
 
   // dV += P^T dO and dK += dS^T Q: A transposed from P / dS, B transposed from dO / Q.
@@ -281,30 +283,30 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   // the loads at the next loop top (13% of stall samples at hd64 when it added by atomics, ncu);
   // after the barrier they ran 4% faster. Bulk adds leave through the copy engine: there the loads
   // stay at the top, with the whole step to land.
-  auto load_next_q_do = [&](int step) {
-    if (kQStages == 2 && step + 1 < step_end) {
-      load_q_do(step + 1, (step + 1) % kQStages);
+  auto load_next_q_do = [&](int step, BwdStep next) {
+    if (kQStages == 2 && step + 1 < step_end && !walk.done(next)) {
+      load_q_do(next, (step + 1) % kQStages);
       cp_async_fence();
     }
   };
 
   CUTE_NO_UNROLL
-  for (int step = step_begin; step < step_end; ++step) {
+  for (int step = step_begin; step < step_end && !walk.done(at); ++step) {
     const int stage = kQStages == 1 ? 0 : step % kQStages;
     if (kQStages == 1 && step > step_begin) {
       __syncthreads();  // every warp is done with the previous step's Q and dO
-      load_q_do(step, 0);
+      load_q_do(at, 0);
       cp_async_fence();
     }
     cp_async_wait<0>();
     __syncthreads();
     if constexpr (Traits::kDqBulkReduce) {
       add_staged_dq();
-      load_next_q_do(step);
+      load_next_q_do(step, walk.next(mask, at));
     }
 
-    const int head = head_of(step);
-    const int m_block = m_block_of(step);
+    const int head = at.head;
+    const int m_block = at.m_block;
     const int64_t row_base = seq.row_stats_offset(p.heads, head);
     const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
     const Dropout dropout(p, seq.batch, head);
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
       if (issues_bulk_add) wait_bulk_reads();  // the staging rows are free after the barrier
     }
     __syncthreads();  // P and dS are in shared memory
-    if constexpr (!Traits::kDqBulkReduce) load_next_q_do(step);
+    if constexpr (!Traits::kDqBulkReduce) load_next_q_do(step, walk.next(mask, at));
 
     gemm_ss(mma_dkv, acc_dv, tdKVrA, tdKVrB, tdVsPt, tdVsdOt(_, _, _, stage), copy_dkv_a,
             copy_dkv_b);
@@ -341,6 +343,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
                                                           m_block * kBlockM, seq.seqlen_q);
       }
     }
+    at = walk.next(mask, at);
   }
 
   // Epilogue: dK (times the softmax scale, which S carried) and dV, staged where K and V were;
@@ -442,6 +445,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const int64_t row_base = seq.row_stats_offset(p.heads, head);
   CUTE_NO_UNROLL
   for (int n_block = n_block_min; n_block < n_block_max; ++n_block) {
+    if (!visits<kBlockM, kBlockN>(mask, m_block, n_block)) continue;  // adds nothing
     __syncthreads();  // every warp is done with the previous key block
     const int kv_rows = seq.seqlen_k - n_block * kBlockN;
     copy_tile<true, kHeadDim>(gmem_copy, gmem_thr.partition_S(local_tile(mK, TileKV{}, make_coord(n_block, 0))),

@@ -121,10 +121,22 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   // Prologue: Q, then kv_stages - 1 key/value tiles in flight, one commit group per tile (Q
   // rides with the first). Empty groups keep the count uniform for cp_async_wait below.
   copy_tile<true, kHeadDim>(gmem_copy, tQgQ, tQsQ, tQcQ, rows_in_block);
-  const int n_tiles = max(0, n_block_max - n_block_min);
+  // The key blocks the tile visits, newest first: the next to compute and the next to load
+  // (kv_stages - 1 ahead), each stepping below() down to n_first.
+  const int2 visited = visited_key_blocks<kBlockM, kBlockN>(mask, m_block, n_block_min,
+                                                            n_block_max);
+  const int n_first = visited.x;
+  auto below = [&](int n_block) {
+    return key_block_below<kBlockM, kBlockN>(mask, m_block, n_block, n_first);
+  };
+  int n_next = visited.y;
+  int n_load = visited.y;
   CUTE_UNROLL
   for (int stage = 0; stage < kKvStages - 1; ++stage) {
-    if (stage < n_tiles) load_kv(n_block_max - 1 - stage, stage);
+    if (n_load >= n_first) {
+      load_kv(n_load, stage);
+      n_load = below(n_load);
+    }
     cp_async_fence();
   }
 
@@ -137,19 +149,20 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
   // One key/value tile: S = Q K^T, the online softmax, O += P V. With kMask false (a
   // compile-time constant) the tile carries no masking code.
-  auto step = [&](int tile, auto masked) {
+  auto step = [&](auto masked) {
     constexpr bool kMask = decltype(masked)::value;
-    const int n_block = n_block_max - 1 - tile;
+    const int n_block = n_next;
+    n_next = below(n_next);
     cp_async_wait<kKvStages - 2>();
     __syncthreads();
     // Every warp is past the previous tile, so its buffer can take the tile kv_stages - 1 ahead.
     // That tile lies below the last one, so all of its rows exist: no row predicates.
-    if (tile + kKvStages - 1 < n_tiles) {
-      const int ahead = n_block - (kKvStages - 1);
-      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tKgK(_, _, _, ahead),
+    if (n_load >= n_first) {
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tKgK(_, _, _, n_load),
                                                     tKsK(_, _, _, smem_pipe_write), tKVcKV);
-      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tVgV(_, _, _, ahead),
+      copy_all_rows<true, kHeadDim, kHeadDimPadded>(gmem_copy, tVgV(_, _, _, n_load),
                                                     tVsV(_, _, _, smem_pipe_write), tKVcKV);
+      n_load = below(n_load);
     }
     cp_async_fence();
 
@@ -184,22 +197,21 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
     smem_pipe_read = smem_pipe_read + 1 == kKvStages ? 0 : smem_pipe_read + 1;
   };
 
-  int tile = 0;
   if constexpr (Traits::kSeparateMaskedLoop) {
     // Newest to oldest, the tiles that straddle seqlen_k or the diagonal all come first and those
     // that straddle a window's left edge last.
-    auto needs_mask = [&](int t) {
-      return mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block_max - 1 - t);
+    auto needs_mask = [&](int n_block) {
+      return mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, n_block);
     };
     CUTE_NO_UNROLL
-    for (; tile < n_tiles && needs_mask(tile); ++tile) step(tile, cute::true_type{});
+    while (n_next >= n_first && needs_mask(n_next)) step(cute::true_type{});
     CUTE_NO_UNROLL
-    for (; tile < n_tiles && !needs_mask(tile); ++tile) step(tile, cute::false_type{});
+    while (n_next >= n_first && !needs_mask(n_next)) step(cute::false_type{});
     CUTE_NO_UNROLL
-    for (; tile < n_tiles; ++tile) step(tile, cute::true_type{});
+    while (n_next >= n_first) step(cute::true_type{});
   } else {
     CUTE_NO_UNROLL
-    for (; tile < n_tiles; ++tile) step(tile, cute::true_type{});
+    while (n_next >= n_first) step(cute::true_type{});
   }
   // Every thread's copies have landed before O overwrites Q's shared memory. The loop's barrier
   // does not cover a block that ran no tile (rows that see no key): without this one, another
