@@ -8,6 +8,8 @@ compile in, so a variant costs nothing where it is absent.
     tensors = { doc_ids = "int32[batch, seqlen_k]" }   # name = "dtype[dims]", at most 4
     mask_mod = "doc_ids(b, q_idx) == doc_ids(b, kv_idx) && kv_idx <= q_idx"
     head_dims = [64, 128]                              # optional: which head dims build it
+    # skip_blocks = true: the mask's visible keys per row may have holes (block-sparse); kernels
+    # then skip the tiles inside a row's key range that it hides (optional, default false)
 
 A snippet is a C++ expression, or a function body with its own `return`s. In scope: b (the
 sequence), h (the query head), q_idx and kv_idx (positions within the sequence), each tensor as
@@ -75,6 +77,10 @@ class Variant:
     mask_mod: str = ""
     score_mod: str = ""
     score_mod_grad: str = ""
+    # Whether a row's visible keys may have holes (a block-sparse layout): its kernels then test
+    # each tile against the block mask's bitmaps and skip those without a visible score. Without,
+    # they visit every block of a row's key range, which is cheaper for runs (documents).
+    skip_blocks: bool = False
     # Which head dims build it (empty: every configured one); not part of a kernel's identity.
     head_dims: tuple[int, ...] = field(default=(), compare=False)
 
@@ -107,6 +113,8 @@ class Variant:
                   for t in self.tensors]
         unit = "true" if self.unit_gradient else "false"
         lines.append(f"  static constexpr bool kUnitGradient = {unit};")
+        skip = "true" if self.skip_blocks else "false"
+        lines.append(f"  static constexpr bool kSkipBlocks = {skip};")
         inits = ", ".join(
             f"{t.name}(p.variant_tensor{i}, "
             + ", ".join(f"p.variant_size{i}_{d}" for d in range(MAX_RANK)) + ")"
@@ -167,7 +175,7 @@ def _parse_variant(name: str, table, fail) -> Variant:
     where = f"variants.{name}"
     if not isinstance(table, dict):
         raise fail(where, "must be a table")
-    allowed = {"tensors", "mask_mod", "score_mod", "score_mod_grad", "head_dims"}
+    allowed = {"tensors", "mask_mod", "score_mod", "score_mod_grad", "skip_blocks", "head_dims"}
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -210,8 +218,13 @@ def _parse_variant(name: str, table, fail) -> Variant:
             raise fail(tensor_where, f"{declaration!r}: 1 to {MAX_RANK} dims, each a name, a "
                        f"number or one of {list(CHECKED_DIMS)} over a number (seqlen_q/128)")
         tensors.append(VariantTensor(tensor_name, match.group(1), dims))
+    skip_blocks = table.get("skip_blocks", False)
+    if not isinstance(skip_blocks, bool):
+        raise fail(f"{where}.skip_blocks", "must be true or false")
+    if skip_blocks and not snippets["mask_mod"]:
+        raise fail(f"{where}.skip_blocks", "goes with a mask_mod (it skips the blocks it hides)")
     head_dims = table.get("head_dims", [])
     if not isinstance(head_dims, list) or not all(isinstance(d, int) for d in head_dims):
         raise fail(f"{where}.head_dims", "must be a list of head dims")
     return Variant(name, tuple(tensors), snippets["mask_mod"], snippets["score_mod"],
-                   snippets["score_mod_grad"], tuple(sorted(set(head_dims))))
+                   snippets["score_mod_grad"], skip_blocks, tuple(sorted(set(head_dims))))

@@ -281,3 +281,16 @@ def test_hopper_backward_dq_split_needs_rows_or_columns_of_64(tmp_path):
     path.write_text(HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64"))
     with pytest.raises(ConfigError, match=r"head_dim 64 gives 32 each"):
         load_config(path)
+
+
+def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_path):
+    config = load_config(paths.DEFAULT_CONFIG)
+    assert [v.name for v in config.variants if v.skip_blocks] == ["block_sparse"]
+    assert "static constexpr bool kSkipBlocks = true;" in config.variant("block_sparse").cpp()
+    assert "static constexpr bool kSkipBlocks = false;" in config.variant("document").cpp()
+    table = '[variants.v]\nmask_mod = "true"\nskip_blocks = 1\n'
+    with pytest.raises(ValueError, match=r"variants.v.skip_blocks: must be true or false"):
+        load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+    table = '[variants.v]\nscore_mod = "score"\nscore_mod_grad = "1"\nskip_blocks = true\n'
+    with pytest.raises(ValueError, match="skip_blocks: goes with a mask_mod"):
+        load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))

@@ -280,4 +280,29 @@ __device__ __forceinline__ void apply_mask(Mask const& mask, Scores& scores, Coo
   }
 }
 
+// apply_mask for a kBlockN-key tile whose partition's rows all lie in one group of 16 (a wgmma
+// accumulator's thread holds rows r and r + 8 of a 16-row slab). Where a mask with kSkipsBlocks
+// finds each 16 x 16 group of the thread's row group wholly seen or unseen (a block-sparse
+// layout's), its bitmaps decide every element; elsewhere its predicate runs on each (testing the
+// bitmaps per element first slowed a document mask's diagonal tiles).
+template <int kBlockN, class Mask, class Scores, class Coords>
+__device__ __forceinline__ void apply_mask_one_row_group(Mask const& mask, Scores& scores,
+                                                         Coords const& coords, int row0,
+                                                         int col0) {
+  if constexpr (Mask::kSkipsBlocks) {
+    const auto groups = mask.template tile_row_group<kBlockN>(row0 + cute::get<0>(coords(0)),
+                                                             col0);
+    if (groups.whole_or_unseen) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(scores); ++i) {
+        const int row = row0 + cute::get<0>(coords(i));
+        const int col = col0 + cute::get<1>(coords(i));
+        if (!mask.visible_by_groups(groups, row, col)) scores(i) = -INFINITY;
+      }
+      return;
+    }
+  }
+  apply_mask(mask, scores, coords, row0, col0);
+}
+
 }  // namespace flashgen

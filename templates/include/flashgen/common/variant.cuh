@@ -6,10 +6,12 @@
 // A predicate says nothing about which key blocks a query block may skip, so a call first runs
 // compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): per
 // sequence and group of 16 query rows, the range of keys it sees and two bitmaps over its groups
-// of 16 keys: those it sees any key of, and those it sees whole. Kernels visit the tiles inside
-// the range with a bit of the first set (a block-sparse mask's unlisted blocks are never loaded)
-// and mask those not wholly in the second (a block-sparse mask's listed blocks run unmasked).
-// Groups of 16 divide every tile, so one block mask serves every family's tiles.
+// of 16 keys: those it sees any key of, and those it sees whole. A variant with skip_blocks
+// visits the tiles inside the range with a bit of the first set (a block-sparse mask's unlisted
+// blocks are never loaded) and masks those not wholly in the second (its listed blocks run
+// unmasked); groups of 16 divide every tile, so one block mask serves every family's tiles. One
+// without visits the whole range and masks the tiles outside the keys every row of the query
+// block sees (a run, for masks whose rows see one), which costs no bitmap reads per tile.
 #pragma once
 
 #include <climits>
@@ -47,18 +49,20 @@ __host__ __device__ __forceinline__ int mask_row_ints(AttentionParams const& p) 
 // The keys one group of 16 query rows sees lie in [first, end), made monotone (first a minimum
 // over this and later groups, end a maximum over this and earlier ones) so that every family's
 // block ranges agree, forward and backward (the hopper backward's deterministic dQ order counts
-// on it). Padded to 16 bytes, so that the bitmaps behind it are aligned.
+// on it). Every row sees the keys all_first..all_last (rows that see an unbroken run).
 struct alignas(16) MaskRange {
   int first, end;
+  int all_first, all_last;
 };
 static_assert(sizeof(MaskRange) == kMaskRangeInts * sizeof(int));
 
 // The mask policy of a variant with a mask_mod: params.mask_ranges holds the MaskRanges and
-// bitmaps. Within the tiles it masks the mask_mod runs on every element.
+// bitmaps. Within the tiles it masks the mask_mod runs on every element (but where
+// apply_mask_one_row_group finds the bitmaps decide).
 template <class V>
 struct VariantMask {
   static constexpr bool kHidesKeys = true;
-  static constexpr bool kSkipsBlocks = true;
+  static constexpr bool kSkipsBlocks = V::kSkipBlocks;
   V variant;
   int batch;
   int seqlen_q;
@@ -67,6 +71,9 @@ struct VariantMask {
   int row_ints;        // mask_row_ints
   int words;           // mask_block_words
   const int* entries;  // this sequence's, one per group of query rows
+  mutable int all_see_block = -1;  // tile_needs_mask's query block, and the keys all its rows see
+  mutable int all_see_first = 0;
+  mutable int all_see_last = 0;
 
   __device__ __forceinline__ VariantMask(AttentionParams const& p, int batch, int seqlen_k,
                                          int /*offset*/)
@@ -128,7 +135,7 @@ struct VariantMask {
     const int first_group = m_block * kRowGroups;
     const int* bits = entries + first_group * row_ints + kMaskRangeInts + bitmap * words + word;
     uint64_t result = kAll ? ~uint64_t(0) : 0;
-    CUTE_UNROLL
+#pragma unroll 4  // fully unrolled, 12 row groups' loads (block_m 192) spilled at head dim 64
     for (int g = 0; g < kRowGroups; ++g) {
       if (first_group + g < groups) {
         const int* at = bits + g * row_ints;
@@ -186,17 +193,60 @@ struct VariantMask {
     }
     return blocks;
   }
-  // Whether some row of the tile does not see some key of it (or the tile passes seqlen_k).
+  // Whether some row of the tile does not see some key of it (or the tile passes seqlen_k): from
+  // the wholly-seen bitmap with skip_blocks, else from the run of keys every row sees, kept for
+  // the query block asked about last (kernels ask about one query block's tiles in turn).
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ bool tile_needs_mask(int m_block, int n_block) const {
     if ((n_block + 1) * kBlockN > seqlen_k) return true;
-    const int word = n_block * (kBlockN / kMaskRangeRows) / 32;
-    const uint64_t span = key_block_span<kBlockN>(n_block);
-    return (row_groups_bits<kBlockM, true>(m_block, word, 1, true) & span) != span;
+    if constexpr (kSkipsBlocks) {
+      const int word = n_block * (kBlockN / kMaskRangeRows) / 32;
+      const uint64_t span = key_block_span<kBlockN>(n_block);
+      return (row_groups_bits<kBlockM, true>(m_block, word, 1, true) & span) != span;
+    } else {
+      if (m_block != all_see_block) {
+        all_see_block = m_block;
+        all_see_first = 0;
+        all_see_last = INT_MAX;
+        const int first_group = m_block * (kBlockM / kMaskRangeRows);
+        const int end_group = min(groups, first_group + kBlockM / kMaskRangeRows);
+        for (int g = first_group; g < end_group; ++g) {
+          const MaskRange r = range(g);
+          all_see_first = max(all_see_first, r.all_first);
+          all_see_last = min(all_see_last, r.all_last);
+        }
+      }
+      return n_block * kBlockN < all_see_first || (n_block + 1) * kBlockN - 1 > all_see_last;
+    }
   }
   // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them.
   __device__ __forceinline__ bool visible(int row, int col) const {
     return row < seqlen_q && col < seqlen_k && variant.mask_mod(batch, 0, row, col);
+  }
+  // One row group's seen bitmap over a kBlockN-key tile, what visible_by_groups() reads, and
+  // whether each of the tile's 16 x 16 groups in the row group is wholly seen or unseen (the
+  // seen bits then say everything).
+  struct RowGroupBits {
+    uint64_t seen;  // the 64 bits from the word of the tile's first key group
+    int group0;     // the key group of bit 0
+    bool whole_or_unseen;
+  };
+  template <int kBlockN>
+  __device__ __forceinline__ RowGroupBits tile_row_group(int row, int tile_col0) const {
+    const int word = tile_col0 / kMaskRangeRows / 32;
+    const int* bits = entries + group_of(row) * row_ints + kMaskRangeInts + word;
+    auto run = [&](const int* at) {
+      return uint32_t(__ldg(at)) | uint64_t(uint32_t(__ldg(at + 1))) << 32;
+    };
+    const uint64_t seen = run(bits);
+    const uint64_t span = key_block_span<kBlockN>(tile_col0 / kBlockN);
+    return {seen, word * 32, ((seen & ~run(bits + words)) & span) == 0};
+  }
+  // visible(row, col) for a row of the group and a key of the tile, where whole_or_unseen.
+  __device__ __forceinline__ bool visible_by_groups(RowGroupBits const& bits, int row,
+                                                    int col) const {
+    return row < seqlen_q && col < seqlen_k &&
+           ((bits.seen >> (col / kMaskRangeRows - bits.group0)) & 1);
   }
 };
 
@@ -225,7 +275,8 @@ struct VariantScore {
 };
 
 // Block (group, sequence), one warp per row, each lane a key of every 32: the group's first and
-// end key and its two bitmaps, gathered in shared memory from each warp's ballots (a key group
+// end key, the run of keys all its rows see (a row whose count fills its span sees a run), and
+// its two bitmaps, gathered in shared memory from each warp's ballots (a key group
 // is wholly seen when every row of the group inside the sequence sees each of its keys inside
 // the sequence).
 template <class V>
@@ -243,7 +294,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   const int words = mask_block_words(p);
   for (int w = threadIdx.x; w < 2 * words; w += blockDim.x) bitmaps[w] = w < words ? 0u : ~0u;
   __syncthreads();
-  int first = INT_MAX, last = -1;
+  int first = INT_MAX, last = -1, count = 0;
   for (int col0 = 0; col0 < seq.seqlen_k; col0 += 32) {  // every lane of the warp, for the ballot
     const int col = col0 + lane;
     const bool visible = row_inside && col < seq.seqlen_k &&
@@ -251,6 +302,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
     if (visible) {
       first = min(first, col);
       last = col;
+      ++count;
     }
     const uint32_t seen = __ballot_sync(0xffffffffu, visible);
     const uint32_t unseen = __ballot_sync(0xffffffffu, col < seq.seqlen_k) & ~seen;
@@ -266,19 +318,25 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   for (int offset = 16; offset > 0; offset /= 2) {
     first = min(first, __shfl_xor_sync(0xffffffffu, first, offset));
     last = max(last, __shfl_xor_sync(0xffffffffu, last, offset));
+    count += __shfl_xor_sync(0xffffffffu, count, offset);
   }
-  __shared__ int2 rows[kMaskRangeRows];
-  if (lane == 0) rows[warp] = make_int2(first, last);
+  __shared__ int4 rows[kMaskRangeRows];
+  if (lane == 0) rows[warp] = make_int4(first, last, count, row_inside);
   __syncthreads();
   int* entry = p.mask_ranges + (int64_t(batch) * gridDim.x + group) * mask_row_ints(p);
   for (int w = threadIdx.x; w < 2 * words; w += blockDim.x) {
     entry[kMaskRangeInts + w] = int(bitmaps[w]);
   }
   if (threadIdx.x != 0) return;
-  MaskRange range{INT_MAX, 0};
-  for (int r = 0; r < kMaskRangeRows; ++r) {  // a row that sees nothing has first > last
-    range.first = min(range.first, rows[r].x);
-    range.end = max(range.end, rows[r].y + 1);
+  MaskRange range{INT_MAX, 0, 0, INT_MAX};
+  for (int r = 0; r < kMaskRangeRows; ++r) {
+    const int4 row_range = rows[r];  // first, last, count, inside the sequence
+    if (!row_range.w) continue;
+    range.first = min(range.first, row_range.x);
+    range.end = max(range.end, row_range.y + 1);
+    const bool unbroken = row_range.z > 0 && row_range.z == row_range.y - row_range.x + 1;
+    range.all_first = unbroken ? max(range.all_first, row_range.x) : INT_MAX;
+    range.all_last = unbroken ? min(range.all_last, row_range.y) : -1;
   }
   *reinterpret_cast<MaskRange*>(entry) = range;
 }

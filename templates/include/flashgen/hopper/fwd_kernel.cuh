@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       } else {
         apply_score_mod(score_mod, tSrS, tScS, row0, col0);
         if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
-          apply_mask(w.mask, tSrS, tScS, row0, col0);
+          apply_mask_one_row_group<kBlockN>(w.mask, tSrS, tScS, row0, col0);
         }
       }
     };
