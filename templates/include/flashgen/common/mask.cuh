@@ -188,26 +188,60 @@ __device__ __forceinline__ int key_block_below(Mask const& mask, int m_block, in
   }
 }
 
+// The query-side walks test 32 query blocks at once, a lane each (a query block's row groups'
+// bitmaps lie apart, so one at a time each test waited for its own loads): every lane of the
+// warp calls them, with the same arguments.
+
+// The first query block of [from, to) that sees a key of key block n_block, or `to`.
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int first_visited_query_block(Mask const& mask, int n_block, int from,
+                                                         int to) {
+  const int lane = threadIdx.x % 32;
+  for (; from < to; from += 32) {
+    const int m_block = from + lane;
+    const unsigned seen = __ballot_sync(
+        0xffffffffu, m_block < to && visits<kBlockM, kBlockN>(mask, m_block, n_block));
+    if (seen) return from + __ffs(seen) - 1;
+  }
+  return to;
+}
+
+// The last query block of [from, to) that sees a key of key block n_block, or from - 1.
+template <int kBlockM, int kBlockN, class Mask>
+__device__ __forceinline__ int last_visited_query_block(Mask const& mask, int n_block, int from,
+                                                        int to) {
+  const int lane = threadIdx.x % 32;
+  for (; to > from; to -= 32) {
+    const int m_block = to - 1 - lane;
+    const unsigned seen = __ballot_sync(
+        0xffffffffu, m_block >= from && visits<kBlockM, kBlockN>(mask, m_block, n_block));
+    if (seen) return to - __ffs(seen);
+  }
+  return from - 1;
+}
+
 // The first and last query blocks of [begin, end) that see a key of key block n_block.
 template <int kBlockM, int kBlockN, class Mask>
 __device__ __forceinline__ int2 visited_query_blocks(Mask const& mask, int n_block, int begin,
                                                      int end) {
   if constexpr (Mask::kSkipsBlocks) {
-    while (begin < end && !visits<kBlockM, kBlockN>(mask, begin, n_block)) ++begin;
-    while (end > begin && !visits<kBlockM, kBlockN>(mask, end - 1, n_block)) --end;
+    begin = first_visited_query_block<kBlockM, kBlockN>(mask, n_block, begin, end);
+    return make_int2(begin, last_visited_query_block<kBlockM, kBlockN>(mask, n_block, begin,
+                                                                        end));
+  } else {
+    return make_int2(begin, end - 1);
   }
-  return make_int2(begin, end - 1);
 }
 
-// The visited query block above m_block, or last + 1 when m_block is last.
+// The visited query block above m_block, or last + 1 when m_block is last (the highest visited).
 template <int kBlockM, int kBlockN, class Mask>
 __device__ __forceinline__ int query_block_above(Mask const& mask, int n_block, int m_block,
                                                  int last) {
-  ++m_block;
   if constexpr (Mask::kSkipsBlocks) {
-    while (m_block < last && !visits<kBlockM, kBlockN>(mask, m_block, n_block)) ++m_block;
+    return first_visited_query_block<kBlockM, kBlockN>(mask, n_block, m_block + 1, last + 1);
+  } else {
+    return m_block + 1;
   }
-  return m_block;
 }
 
 // A step of a backward key block's walk: a query head of its KV head's group, a query block.
@@ -217,7 +251,8 @@ struct BwdStep {
 
 // A backward key block's walk: each query head of the group in turn, and for each the query
 // blocks from first to last that see a key of the block, stepping over those in between without
-// a visible score where the mask has such (kSkipsBlocks).
+// a visible score where the mask has such (kSkipsBlocks; then whole warps construct and step it,
+// as the query-side walks above ask).
 template <int kBlockM, int kBlockN, class Mask>
 struct QueryBlockWalk {
   int n_block;

@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (!producer_thread || !walk.has_steps()) return;
+    // One warp walks (the walk's tests take a warp), its first thread loads.
+    if (threadIdx.x >= 32 || !walk.has_steps()) return;
 
     Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
     Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
@@ -156,9 +157,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                     group_modes<0, 2>(g));
       copy(tma.with(smem.kv_full), tg(_, work.n_block), ts(_, 0));
     };
-    TxBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
-    load_keys(tmas.k, mK, sK);
-    load_keys(tmas.v, mV, sV);
+    if (producer_thread) {
+      TxBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
+      load_keys(tmas.k, mK, sK);
+      load_keys(tmas.v, mV, sV);
+    }
 
     Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
     Tensor mdO = tmas.dout.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
@@ -180,10 +183,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ++state;
     };
     for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at); at = walk.next(work.mask, at)) {
-      load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2, at.head,
-                at.m_block);
-      load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
-                at.m_block);
+      if (producer_thread) {
+        load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2,
+                  at.head, at.m_block);
+        load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
+                  at.m_block);
+      }
     }
     return;
   }
