@@ -294,3 +294,13 @@ def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_pat
     table = '[variants.v]\nscore_mod = "score"\nscore_mod_grad = "1"\nskip_blocks = true\n'
     with pytest.raises(ValueError, match="skip_blocks: goes with a mask_mod"):
         load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+
+
+def test_a_dim_over_a_number_counts_blocks_rounded_up(tmp_path):
+    layout = load_config(paths.DEFAULT_CONFIG).variant("block_sparse").tensors[0]
+    assert layout.dims == ("batch", "seqlen_q/128", "seqlen_k/128")
+    sizes = {"batch": 2, "heads": 8, "heads_kv": 2, "seqlen_q": 1000, "seqlen_k": 1025}
+    assert layout.expected_shape(sizes) == (2, 8, 9)
+    table = '[variants.v]\ntensors = { t = "int32[seqlen_x/128]" }\nmask_mod = "true"\n'
+    with pytest.raises(ValueError, match="over a number"):
+        load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))

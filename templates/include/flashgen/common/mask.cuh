@@ -19,7 +19,7 @@ struct NoMask {
   // Whether the policy hides keys inside the sequence (then a tile's rows may see different keys).
   static constexpr bool kHidesKeys = false;
   // Whether its key and query block ranges may hold tiles with no visible element, which
-  // visits() tells apart (a config-defined mask with holes); the walks below skip those.
+  // visits() tells apart (a config-defined variant with skip_blocks); the walks below skip them.
   static constexpr bool kSkipsBlocks = false;
   int seqlen_k;
 
@@ -150,9 +150,8 @@ struct WindowMask {
 };
 
 // Walks over a mask's block ranges that step over the tiles it has no visible element in (only
-// a policy with kSkipsBlocks has such tiles inside its ranges; for the others these are the
-// plain ranges and steps). Every family's kernels walk with them, so that forward and backward
-// agree on which tiles exist.
+// a policy with kSkipsBlocks tells such tiles apart inside its ranges; for the others these are
+// the plain ranges and steps). Every family's kernels walk with them.
 
 // Whether tile (m_block, n_block) of a kBlockM x kBlockN tiling holds a visible element.
 template <int kBlockM, int kBlockN, class Mask>

@@ -57,8 +57,8 @@ struct alignas(16) MaskRange {
 static_assert(sizeof(MaskRange) == kMaskRangeInts * sizeof(int));
 
 // The mask policy of a variant with a mask_mod: params.mask_ranges holds the MaskRanges and
-// bitmaps. Within the tiles it masks the mask_mod runs on every element (but where
-// apply_mask_one_row_group finds the bitmaps decide).
+// bitmaps. Within a masked tile the mask_mod runs on every element, except where
+// apply_mask_one_row_group lets the bitmaps decide (skip_blocks).
 template <class V>
 struct VariantMask {
   static constexpr bool kHidesKeys = true;
@@ -125,8 +125,7 @@ struct VariantMask {
   __device__ __forceinline__ bool sees_from(int /*row*/, int /*col*/) const { return true; }
 
   // Word `word` of bitmap `bitmap` (0: seen, 1: wholly seen) of each row group of query block
-  // m_block, ORed (kAll false) or ANDed (kAll true); the loads are independent, so a test costs
-  // one load's latency.
+  // m_block, ORed (kAll false) or ANDed (kAll true); four row groups' loads go out together.
   template <int kBlockM, bool kAll>
   __device__ __forceinline__ uint64_t row_groups_bits(int m_block, int word, int bitmap,
                                                      bool two_words) const {
@@ -276,9 +275,8 @@ struct VariantScore {
 
 // Block (group, sequence), one warp per row, each lane a key of every 32: the group's first and
 // end key, the run of keys all its rows see (a row whose count fills its span sees a run), and
-// its two bitmaps, gathered in shared memory from each warp's ballots (a key group
-// is wholly seen when every row of the group inside the sequence sees each of its keys inside
-// the sequence).
+// its two bitmaps, gathered in shared memory from each warp's ballots (a key group is wholly
+// seen when every row of the group inside the sequence sees each of its keys inside it).
 template <class V>
 __global__ void __launch_bounds__(32 * kMaskRangeRows)
     mask_rows_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
