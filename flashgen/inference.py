@@ -31,10 +31,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
     N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
     bottom-right to each sequence's keys; softcap and alibi_slopes as in flash_attn_func
-    (ALiBi's distance aligned bottom-right too). Returns out
-    (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out, softmax_lse), lse
-    (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe: nothing on the device
-    is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
+    (ALiBi's distance aligned bottom-right too). Returns out (batch, seqlen_q, nheads,
+    headdim), and with return_softmax_lse (out, softmax_lse), lse (batch, nheads, seqlen_q)
+    fp32. Not differentiable. CUDA-graph safe: nothing on the device is read on the host
+    (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
     validate.check_unsupported(cache_leftpad=(cache_leftpad, None))
     validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)

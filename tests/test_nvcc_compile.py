@@ -1,8 +1,9 @@
 """nvcc compiles one spec of each family, kind and arch target to object files (the hopper kernels
 for sm_90a, with ptxas warnings as errors), half of them with the softcap score modifier, plus one
-with ALiBi and one config-defined variant (the default config's document mask): catches template
-errors on machines without a GPU. The slowest CPU test (about a minute per kernel per core, nine
-kernels). A variant's snippets compile alone first, and a broken one names its table."""
+with ALiBi and two of config-defined variants (the default config's document mask forward, and
+block_sparse's backward, which walks by its bitmaps): catches template errors on machines without
+a GPU. The slowest CPU test (about a minute per kernel per core, ten kernels). A variant's
+snippets compile alone first, and a broken one names its table."""
 
 from __future__ import annotations
 
@@ -36,11 +37,14 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
                              kinds=["bwd"], archs=["sm_80"], score_mods=["alibi"], dropout=False)
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["document"],
                              kinds=["fwd"], family_names=["hopper"])
+    specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["block_sparse"],
+                             kinds=["bwd"], family_names=["hopper"])
     # Dropout where its code differs most: the mma backward's column-paired tiles and the hopper
     # backward's lane swap.
     specs = [dataclasses.replace(s, dropout=True) if s.kind == "bwd" and s.arch == "sm_90"
              and s.score_mod == "softcap" else s for s in specs]
     assert sorted((s.family, s.kind, s.arch, s.mask, s.score_mod, s.dropout) for s in specs) == [
+        ("hopper", "bwd", "sm_90", "block_sparse", "none", False),
         ("hopper", "bwd", "sm_90", "causal", "none", False),
         ("hopper", "bwd", "sm_90", "causal", "softcap", True),
         ("hopper", "fwd", "sm_90", "causal", "softcap", False),
