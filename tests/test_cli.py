@@ -80,8 +80,8 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
-    assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2" in out
-    assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2" in out
+    assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1" in out
+    assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
     # the variants' 5 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
     # hopper forward and backward with dropout x 4 x 3 x 2

@@ -251,6 +251,7 @@ HOPPER_BACKWARD_TABLE = HOPPER_TABLE.format(pingpong="true") + """[hopper.sm_90.
 block_m = 64
 block_n = 128
 q_stages = 2
+dq_before_dk = true
 """
 
 

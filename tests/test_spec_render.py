@@ -49,7 +49,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal" and s.score_mod == "none" and not s.dropout]
-    assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2",
+    assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
@@ -71,7 +71,7 @@ def test_filters():
                                               "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["bwd"], score_mods=["none"], dropout=True)
-    assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2",
+    assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2d0",
                                         "bwd_mma_sm90_fp16_hd64_none_dropout_m128n128w8s2"]
 
 
@@ -127,7 +127,8 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
     entries = json.loads((tmp_path / "manifest.json").read_text())["kernels"]
     assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
     # the hopper backward's, hd64
-    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "q_stages": 2}
+    assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "q_stages": 2,
+                                  "dq_before_dk": False}
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
@@ -204,7 +205,7 @@ def test_hopper_backward_renders_its_traits_and_launch():
         config, kinds=["bwd"], family_names=["hopper"], head_dims=[128], dtypes=["bf16"],
         masks=["none"], dropout=False)
     text = render.render_spec(plain)
-    assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, cutlass::bfloat16_t>" in text
+    assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, true, cutlass::bfloat16_t>" in text
     launch = "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::"
     assert f"{launch}IdentityScore, flashgen::NoDropout>" in text
     assert f"{launch}Softcap, flashgen::NoDropout>" in render.render_spec(capped)

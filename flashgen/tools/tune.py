@@ -39,7 +39,8 @@ GRIDS = {
                 "pingpong": (True,), "overlap": (True,)},
         # The resource checks leave one or two tiles per head dim (dQ's split and the registers
         # fix block_m for a block_n); the stages are what is left to choose.
-        "bwd": {"block_m": (64, 128), "block_n": (64, 128), "q_stages": (1, 2, 3)},
+        "bwd": {"block_m": (64, 128), "block_n": (64, 128), "q_stages": (1, 2, 3),
+                "dq_before_dk": (False, True)},
     },
 }
 # The odd-sized problem each candidate must get right before it is timed.

@@ -39,10 +39,11 @@ class FwdTile(Tile):
 
 @dataclass(frozen=True, order=True)
 class BwdTile(Tile):
-    SUFFIX = ("m", "n", "s")
+    SUFFIX = ("m", "n", "s", "d")
     block_m: int    # query rows per step (64 or 128)
     block_n: int    # keys per thread block, 64 per consumer warpgroup (64 or 128)
     q_stages: int   # Q and dO tiles in flight in the TMA rings (>= 1)
+    dq_before_dk: bool  # dQ's GEMM goes ahead of dK's, whose run hides dQ's staging
 
 
 def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:

@@ -326,19 +326,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert_into(tSrP, tSrS);
     convert_into(tSrdS, tSrdP);
 
+    // dV's GEMM runs while dS^T goes to this step's dS buffer. The other buffer's last reader,
+    // the previous step's dQ, is done in every consumer: each waited for it before writing this
+    // step's.
     warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_state.index()), tdVrdV);
-    warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
-
-    // dS^T -> this step's dS buffer. The other buffer's last reader, the previous step's dQ, is
-    // done in every consumer: each waited for it before writing this step's.
+    if constexpr (!Traits::kDqBeforeDk) {
+      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+    }
     copy(tSrdS, tdSsdS(_, _, _, ds_buffer));
     cutlass::arch::fence_view_async_shared();
     named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
     warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
-    warpgroup_wait<0>();
-    pipeline_q.consumer_release(q_state);
+    if constexpr (Traits::kDqBeforeDk) {
+      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+      warpgroup_wait<1>();
+    } else {
+      warpgroup_wait<0>();
+    }
+    warpgroup_fence_operand(tdQrdQ);
     pipeline_do.consumer_release(do_state);
-    ++q_state;
     ++do_state;
 
     // dQ's share -> staging, 16 bytes per thread per store in register order -> one bulk add.
@@ -373,6 +379,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // The other buffer, written next step: the add before this one has read it.
       asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    pipeline_q.consumer_release(q_state);
+    ++q_state;
   }
 
   // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> global, the keys inside the

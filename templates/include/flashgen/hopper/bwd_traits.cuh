@@ -18,13 +18,17 @@ namespace flashgen::hopper {
 // of S^T = K Q^T and dP^T = V dO^T (keys as the GEMMs' M, so that P^T and dS^T are in registers
 // as the A operands of dV += P^T dO and dK += dS^T Q), and a share of dQ = dS K: 64 query rows
 // each where kBlockM = 64 x consumers, else (kBlockM = 64) a share of the head dim's columns.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_>
+// kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share is staged; it
+// holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDqBeforeDk_,
+          class Element_>
 struct BwdTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
+  static constexpr bool kDqBeforeDk = kDqBeforeDk_;
   static constexpr int kConsumers = kBlockN / 64;  // consumer warpgroups, 64 keys each
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
