@@ -14,7 +14,9 @@
 namespace flashgen::hopper {
 
 // Per (batch, head), rows padded to whole query blocks: D (0 past the sequence) and lse * log2(e)
-// (+inf past the sequence and for rows that saw no key, so that their P is 0).
+// (+inf past the sequence and for rows that saw no key, so that their P is 0). Each block also
+// zeroes its rows' share of the dQ workspace: a query block's floats are contiguous, so the
+// blocks' row ranges tile the workspace.
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
@@ -24,7 +26,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   const int padded_rows = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * Traits::kBlockM;
   const int blocks_per_head = (padded_rows + kRows - 1) / kRows;
   const int batch_head = int(blockIdx.x) / blocks_per_head;
-  const int row = int(blockIdx.x) % blocks_per_head * kRows + int(threadIdx.x) / kLanes;
+  const int first_row = int(blockIdx.x) % blocks_per_head * kRows;
+  const int row = first_row + int(threadIdx.x) / kLanes;
   const DenseSeqs seq(p, batch_head / p.heads);
   const int head = batch_head % p.heads;
   const bool inside = row < seq.seqlen_q;
@@ -35,45 +38,69 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
     p.softmax_d[at] = d;
     p.softmax_lse_log2[at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
   }
+  const int rows = min(kRows, padded_rows - first_row);
+  float4* dq = reinterpret_cast<float4*>(p.dq_accum +
+                                         (int64_t(batch_head) * padded_rows + first_row) * kHeadDim);
+  for (int i = int(threadIdx.x); i < rows * kHeadDim / 4; i += kAuxThreads) {
+    dq[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
 }
 
 // The workspace holds, per (batch, head, query block), each consumer's dQ share (64 rows x
 // kDqCols) as its 128 threads' accumulator registers, 16 bytes per thread in turn (bwd_kernel's
-// staging). A thread here takes one such float4: rows r and r + 8, columns c and c + 1 of the
-// share (wgmma's accumulator layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), register
-// group j columns 8 j + 2 (l % 4) (+ 1)).
+// staging). One block converts one query block: float4 i of a share is register group j = i / 128
+// of thread t = i % 128, which holds rows r and r + 8, columns c and c + 1 (wgmma's accumulator
+// layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j columns 8 j + 2 (l % 4) (+ 1)).
+// The block puts them in place in shared memory, then writes whole rows, 16 bytes per thread.
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kShare4 = Traits::kDqFloats / 4;
   constexpr int kBlock4 = Traits::kConsumers * kShare4;
+  // Rows padded by 8 floats, so that the 8 rows a warp's float2 writes reach start 8 banks apart.
+  constexpr int kStride = kHeadDim + 8;
+  static_assert(kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static shared memory");
+  __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int64_t index = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x;
-  if (index >= int64_t(p.batch) * p.heads * m_blocks * kBlock4) return;
-  const float4 v = reinterpret_cast<const float4*>(p.dq_accum)[index];
-  const int64_t query_block = index / kBlock4;  // (batch, head, m_block)
-  const int in_block = int(index % kBlock4);
-  const int consumer = in_block / kShare4;
-  const int j = in_block % kShare4 / 128;
-  const int thread = in_block % 128;
-  const int lane = thread % 32;
-  int row = int(query_block % m_blocks) * kBlockM + thread / 32 * 16 + lane / 4;
-  int col = 8 * j + 2 * (lane % 4);
-  if constexpr (Traits::kDqSplitRows) row += 64 * consumer;
-  else col += Traits::kDqCols * consumer;
-  const int batch_head = int(query_block / m_blocks);
+  const int query_block = int(blockIdx.x);  // (batch, head, m_block)
+  const float4* in = reinterpret_cast<const float4*>(p.dq_accum) + int64_t(query_block) * kBlock4;
+  for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
+    const float4 v = in[i];
+    const int consumer = i / kShare4;
+    const int j = i % kShare4 / 128;
+    const int thread = i % 128;
+    const int lane = thread % 32;
+    int row = thread / 32 * 16 + lane / 4;
+    int col = 8 * j + 2 * (lane % 4);
+    if constexpr (Traits::kDqSplitRows) row += 64 * consumer;
+    else col += Traits::kDqCols * consumer;
+    *reinterpret_cast<float2*>(&tile[row * kStride + col]) = make_float2(v.x, v.y);
+    *reinterpret_cast<float2*>(&tile[(row + 8) * kStride + col]) = make_float2(v.z, v.w);
+  }
+  __syncthreads();
+  const int batch_head = query_block / m_blocks;
+  const int row0 = query_block % m_blocks * kBlockM;
   const DenseSeqs seq(p, batch_head / p.heads);
   Element* dq = static_cast<Element*>(p.dq) +
                 seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                             batch_head % p.heads) + col;
-  const float values[2][2] = {{v.x, v.y}, {v.z, v.w}};
-  for (int h = 0; h < 2; ++h, row += 8) {
-    if (row >= seq.seqlen_q) break;
-    Element pair[2] = {Element(values[h][0] * p.softmax_scale),
-                       Element(values[h][1] * p.softmax_scale)};
-    *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dq_row_stride) =
-        *reinterpret_cast<uint32_t*>(pair);
+                             batch_head % p.heads);
+  constexpr int kChunksPerRow = kHeadDim / 8;
+  for (int i = int(threadIdx.x); i < kBlockM * kChunksPerRow; i += kAuxThreads) {
+    const int row = i / kChunksPerRow;
+    const int col = i % kChunksPerRow * 8;
+    if (row0 + row >= seq.seqlen_q) break;
+    Chunk8<Element> chunk;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float4 v = *reinterpret_cast<const float4*>(&tile[row * kStride + col + 4 * h]);
+      chunk.x[4 * h] = Element(v.x * p.softmax_scale);
+      chunk.x[4 * h + 1] = Element(v.y * p.softmax_scale);
+      chunk.x[4 * h + 2] = Element(v.z * p.softmax_scale);
+      chunk.x[4 * h + 3] = Element(v.w * p.softmax_scale);
+    }
+    *reinterpret_cast<Chunk8<Element>*>(dq + int64_t(row0 + row) * p.dq_row_stride + col) = chunk;
   }
 }
 

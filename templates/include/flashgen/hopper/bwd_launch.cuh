@@ -1,5 +1,5 @@
-// Host side of one Hopper backward specialisation: the workspaces zeroed, lse and D prepared, the
-// main kernel on one thread block per (key block, KV head, batch), dQ converted.
+// Host side of one Hopper backward specialisation: lse and D prepared and dQ's workspace zeroed,
+// the main kernel on one thread block per (key block, KV head, batch), dQ converted.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,21 +46,13 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (int64_t(p.batch) * p.heads * p.seqlen_q == 0 || p.seqlen_k == 0) return cudaSuccess;
   const int64_t query_blocks =
       (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
-  const int64_t padded_rows = query_blocks * kBlockM;
   const int64_t rows_per_head = (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t prepare_grid = (rows_per_head + kDRowsPerBlock<Traits::kHeadDim> - 1) /
                                kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                              p.batch * p.heads_kv;
-  const int64_t convert_grid = (padded_rows * Traits::kHeadDim / 4 + kAuxThreads - 1) / kAuxThreads;
-  for (int64_t blocks : {prepare_grid, key_blocks, convert_grid}) {
+  for (int64_t blocks : {prepare_grid, key_blocks, query_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
-  }
-  if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0,
-                                        size_t(padded_rows) * Traits::kHeadDim * sizeof(float),
-                                        stream);
-      err != cudaSuccess) {
-    return err;
   }
   if (p.dq_semaphore != nullptr) {
     const size_t bytes = size_t(query_blocks) * Traits::kConsumers * sizeof(int);
@@ -75,7 +67,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     return err;
   }
   kernel<<<unsigned(key_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
-  bwd_dq_convert_kernel<Traits><<<unsigned(convert_grid), kAuxThreads, 0, stream>>>(p);
+  bwd_dq_convert_kernel<Traits><<<unsigned(query_blocks), kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
