@@ -92,6 +92,14 @@ struct KeyBlockWork {
   }
 };
 
+// Sets a deterministic run's dQ turn to `value` once this thread's bulk adds are in global
+// memory.
+__device__ __forceinline__ void pass_turn(int* turn, int value) {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
+}
+
 template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
@@ -248,6 +256,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (walk.has_steps()) TxBarrier::wait(&smem.kv_full, 0);
   typename Pipeline::PipelineState q_state, do_state;
   const int key0 = work.n_block * kBlockN + consumer * 64;
+  // A deterministic run's turn to pass on once the add behind it is complete (thread 0).
+  int* passed_turn = nullptr;
+  int passed_value = 0;
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
        at = walk.next(work.mask, at), ++step) {
@@ -365,14 +376,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         int* turn = p.dq_semaphore +
                     (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
         const int mine = work.dq_turn(m_block);
+        // The last step's add, a step old, is in place by now: its turn goes on first. Waiting
+        // for each add right after issuing it stalled every step for the round trip to L2.
+        if (passed_turn != nullptr) pass_turn(passed_turn, passed_value);
         int seen;
         do {
           asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
         } while (seen != mine);
         bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
-        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-        asm volatile("fence.proxy.async.global;" ::: "memory");
-        asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(mine + 1) : "memory");
+        passed_turn = turn;
+        passed_value = mine + 1;
       } else {
         bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
       }
@@ -403,7 +416,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   store(tdKrdK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.softmax_scale);
   store(tdVrdV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, 1.f);
-  if (thread == 0) wait_bulk_reads();  // shared memory must outlive the last add's reads
+  if (thread == 0) {
+    if (passed_turn != nullptr) pass_turn(passed_turn, passed_value);
+    wait_bulk_reads();  // shared memory must outlive the last add's reads
+  }
 }
 
 }  // namespace flashgen::hopper
