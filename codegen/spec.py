@@ -65,7 +65,8 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
     """Every spec of the config, unsorted: each (family, kind, arch, head dim, mask)'s tiles in
     the config's order (with alt_tiles=False only the main one), for every dtype and each score
     modifier its kind takes; then each config-defined variant's (variant_axes); with the config's
-    `dropout`, the built-in ones of the kinds that take it again with dropout."""
+    `dropout` the built-in ones, and with a variant's own `dropout` that variant's, of the kinds
+    that take it again with dropout."""
     return [
         KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod, variant, dropout)
         for (family, kind, arch, head_dim), _ in config.tiles
@@ -82,9 +83,10 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
 
 
 def takes_dropout(config: Config, family: str, kind: str, variant: Variant | None) -> bool:
-    """Whether the config builds this family's built-in kernels of this kind with dropout too."""
-    return (config.dropout and variant is None
-            and kind in families.FAMILIES[family].dropout_kinds)
+    """Whether the config builds this family's kernels of this kind, built-in (variant None) or
+    a variant's, with dropout too."""
+    wanted = config.dropout if variant is None else variant.dropout
+    return wanted and kind in families.FAMILIES[family].dropout_kinds
 
 
 VARIANT_KINDS = ("fwd", "bwd")  # the kinds a config-defined variant builds

@@ -10,6 +10,8 @@ compile in, so a variant costs nothing where it is absent.
     head_dims = [64, 128]                              # optional: which head dims build it
     # skip_blocks = true: the mask's visible keys per row may have holes (block-sparse); kernels
     # then skip the tiles inside a row's key range that it hides (optional, default false)
+    # dropout = true: its forward and backward kernels are built a second time with dropout, for
+    # calls with dropout_p > 0 (optional, default false; doubles its kernels)
 
 A snippet is a C++ expression, or a function body with its own `return`s. In scope: b (the
 sequence), h (the query head), q_idx and kv_idx (positions within the sequence), each tensor as
@@ -83,6 +85,8 @@ class Variant:
     skip_blocks: bool = False
     # Which head dims build it (empty: every configured one); not part of a kernel's identity.
     head_dims: tuple[int, ...] = field(default=(), compare=False)
+    # Whether its kernels are built with dropout too (a spec's own flag says which one it is).
+    dropout: bool = field(default=False, compare=False)
 
     @property
     def struct(self) -> str:
@@ -175,7 +179,8 @@ def _parse_variant(name: str, table, fail) -> Variant:
     where = f"variants.{name}"
     if not isinstance(table, dict):
         raise fail(where, "must be a table")
-    allowed = {"tensors", "mask_mod", "score_mod", "score_mod_grad", "skip_blocks", "head_dims"}
+    allowed = {"tensors", "mask_mod", "score_mod", "score_mod_grad", "skip_blocks", "head_dims",
+               "dropout"}
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -226,5 +231,9 @@ def _parse_variant(name: str, table, fail) -> Variant:
     head_dims = table.get("head_dims", [])
     if not isinstance(head_dims, list) or not all(isinstance(d, int) for d in head_dims):
         raise fail(f"{where}.head_dims", "must be a list of head dims")
+    dropout = table.get("dropout", False)
+    if not isinstance(dropout, bool):
+        raise fail(f"{where}.dropout", "must be true or false")
     return Variant(name, tuple(tensors), snippets["mask_mod"], snippets["score_mod"],
-                   snippets["score_mod_grad"], skip_blocks, tuple(sorted(set(head_dims))))
+                   snippets["score_mod_grad"], skip_blocks, tuple(sorted(set(head_dims))),
+                   dropout)

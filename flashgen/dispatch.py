@@ -59,8 +59,9 @@ def candidates(specs: tuple[KernelSpec, ...], arch: str, kind: str, dtype: str, 
         raise DispatchError(
             f"flashgen: {config_path} builds no {dtype} {which}{what} kernels with dropout for "
             f"mask {mask!r} and score modifier {score_mod!r} on {arch}: dropout runs on the "
-            f"built-in kernels of the {' and '.join(takers) or 'no'} family when the config sets "
-            f"dropout = true (config-defined variants take no dropout)")
+            f"{' and '.join(takers) or 'no'} family's kernels built with it; set dropout = true "
+            f"at the config's top level (built-in masks and score modifiers) or in a "
+            f"[variants.<name>] table (that variant), then run `flashgen generate`")
     if not matching and score_mod != "none" and any(s.score_mod == score_mod for s in specs):
         raise DispatchError(f"flashgen: {config_path} builds no {dtype} {which}{what} kernels "
                             f"with mask {mask!r} and score modifier {score_mod!r} for {arch}")

@@ -39,7 +39,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     score_mod in C++), variant_tensors={name: tensor} the tensors it reads; a variant with a
     mask_mod decides visibility alone (causal and window_size off), and block_mask (from
     flashgen.block_mask) spares each call the pass that finds its key blocks. The variant's
-    tensors get no gradient.
+    tensors get no gradient. dropout_p > 0 with a variant runs where its table sets dropout =
+    true (the default config's document variant does).
     """
     if dropout_p != 0.0:
         dropout_p = validate.check_dropout(dropout_p)
@@ -57,9 +58,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
             if softcap or alibi_slopes is not None else PLAIN)
     if variant is not None or variant_tensors is not None or block_mask is not None:
-        _check_no_dropout(dropout_p, variant)
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q, k,
-                                            q.shape[0], seqlen_q, seqlen_k, mask, band, mods)
+                                            q.shape[0], seqlen_q, seqlen_k, mask, band, mods,
+                                            dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
         mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
@@ -116,22 +117,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     batch = cu_seqlens_q.shape[0] - 1
     mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
     if variant is not None or variant_tensors is not None or block_mask is not None:
-        _check_no_dropout(dropout_p, variant)
         mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q4, k4, batch,
-                                            max_seqlen_q, max_seqlen_k, mask, band, mods, varlen)
+                                            max_seqlen_q, max_seqlen_k, mask, band, mods, varlen,
+                                            dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
         mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
                              varlen=varlen, mods=mods)
     out = out.squeeze(0)
     return (out, lse.squeeze(0), None) if return_attn_probs else out
-
-
-def _check_no_dropout(dropout_p: float, variant) -> None:
-    if dropout_p:
-        raise NotImplementedError(f"flashgen: dropout_p does not combine with a config-defined "
-                                  f"variant ({variant!r}) yet: its kernels are built without "
-                                  f"dropout")
 
 
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:

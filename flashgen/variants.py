@@ -17,6 +17,7 @@ from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
 from codegen.variants import DTYPES, Variant
 from flashgen import launch, loader, registry
+from flashgen.dispatch import DispatchError
 
 MASK_RANGE_ROWS = 16  # common/variant.cuh's kMaskRangeRows
 MASK_RANGE_INTS = 4   # and the ints of its MaskRange (kMaskRangeInts)
@@ -123,13 +124,18 @@ def check_tensors(variant: Variant, tensors, q, k, batch: int, seqlen_q: int,
 
 def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: int,
             seqlen_q: int, seqlen_k: int, mask: str, band: Band, mods: Modifiers,
-            varlen: tuple = ()) -> tuple[str, Band, Modifiers]:
+            varlen: tuple = (), dropout: bool = False) -> tuple[str, Band, Modifiers]:
     """(mask kind, band, modifiers) of a call with variant=name: the variant's own mask where it
     has a mask_mod (the call's causal and window_size must then be off), its score modifier in
-    place of softcap and ALiBi (which it does not combine with)."""
+    place of softcap and ALiBi (which it does not combine with). dropout: the call has
+    dropout_p > 0, which needs the variant's kernels built with it."""
     if name is None:
         raise ValueError("flashgen: variant_tensors and block_mask go with variant=\"<name>\"")
     v = resolve(name)
+    if dropout and not v.dropout:
+        raise DispatchError(f"flashgen: variant {v.name!r} is built without dropout: set "
+                            f"dropout = true in its [variants.{v.name}] table and run `flashgen "
+                            f"generate`, or pass dropout_p=0")
     if v.mask_mod:
         if mask != "none":
             raise ValueError(f"flashgen: variant {v.name!r} has its own mask_mod; pass "

@@ -297,6 +297,21 @@ def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_pat
         load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
 
 
+def test_a_variants_dropout_builds_its_kernels_again_with_dropout(tmp_path):
+    """A variant's own dropout = true, apart from the config's (which covers built-in kernels)."""
+    table = '[variants.v]\nmask_mod = "kv_idx <= q_idx"\ndropout = true\n'
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+    assert not config.dropout and config.variant("v").dropout
+    specs = enumerate_specs(config)
+    assert {s.dropout for s in specs if s.variant} == {False, True}
+    assert not any(s.dropout and s.variant is None for s in specs)
+    assert sorted((s.kind, s.dtype) for s in specs if s.dropout) == [("fwd", "bf16"),
+                                                                      ("fwd", "fp16")]
+    table = '[variants.v]\nmask_mod = "true"\ndropout = "yes"\n'
+    with pytest.raises(ValueError, match=r"variants.v.dropout: must be true or false"):
+        load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+
+
 def test_a_dim_over_a_number_counts_blocks_rounded_up(tmp_path):
     layout = load_config(paths.DEFAULT_CONFIG).variant("block_sparse").tensors[0]
     assert layout.dims == ("batch", "seqlen_q/128", "seqlen_k/128")

@@ -1,7 +1,8 @@
 """Config-defined variants (codegen/variants.py), the default config's examples end to end:
 document masking, prefix-LM and a relative-position bias, each against the fp32 reference with
 the same mask or bias built in Python, on every family, forward and gradients, with and without a
-prebuilt block mask, GQA, varlen, deterministic gradients, and bad input."""
+prebuilt block mask, GQA, varlen, deterministic gradients, dropout (document's table builds it),
+and bad input."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import torch
 
 import flashgen
 from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen.dispatch import DispatchError
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
                                      make_qkv)
+from tests.gpu.test_dropout import mask_of_next_call
 from tests.gpu.test_varlen import cu_seqlens
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -118,6 +121,44 @@ def test_varlen_documents_see_positions_within_their_sequence():
         assert_close_fa2(out[rows].unsqueeze(0), ref, same_dtype, f"out of sequence {b}")
         assert_grads_close(tuple(g[rows].unsqueeze(0) for g in grads), *seq,
                            dout[rows].unsqueeze(0), **kwargs)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_document_mask_with_dropout(dtype, head_dim, each_family):
+    """Dropout's mask over the variant's: forward, lse and gradients against the reference under
+    the same keep mask; the backward regenerates the mask, deterministic runs are bit-identical,
+    and a new key drops other probabilities."""
+    batch, seqlen, heads, heads_kv = SHAPES[0]
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, DTYPES[dtype], False)
+    tensors = {"doc_ids": document_ids(batch, seqlen)}
+    p = 0.17
+    keep = mask_of_next_call(23, p, batch, heads, seqlen, seqlen)
+    reference = dict(causal=False, visible=document_visible(tensors["doc_ids"]), dropout_p=p,
+                     dropout_keep=keep)
+    assert_attention_matches_reference(q, k, v, reference, variant="document",
+                                       variant_tensors=tensors, dropout_p=p)
+    dout = torch.randn_like(q)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        out = flash_attn_func(q, k, v, dropout_p=p, variant="document", variant_tensors=tensors,
+                              deterministic=True)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    first = run(5)
+    assert all(torch.equal(a, b) for a, b in zip(first, run(5)))
+    assert not torch.equal(first[0], run(6)[0])
+    assert forward.kernel_for(q.device, dtype, head_dim, "document", batch * heads, seqlen,
+                              dropout=True).dropout
+
+
+def test_a_variant_built_without_dropout_says_how_to_build_it():
+    q, k, v = make_qkv(2, 64, 64, 4, 4, 64, torch.bfloat16, False)
+    prefix_len = torch.tensor([10, 20], dtype=torch.int32, device="cuda")
+    with pytest.raises(DispatchError, match=r"dropout = true in its \[variants.prefix_lm\]"):
+        flash_attn_func(q, k, v, dropout_p=0.1, variant="prefix_lm",
+                        variant_tensors={"prefix_len": prefix_len})
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
