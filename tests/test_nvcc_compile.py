@@ -35,8 +35,10 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
                              dropout=False)
     specs += enumerate_specs(config, head_dims=[96], dtypes=["bf16"], masks=["causal"],
                              kinds=["bwd"], archs=["sm_80"], score_mods=["alibi"], dropout=False)
+    # A config-defined variant, with dropout (its table opts in): the variant mask's code and
+    # dropout's in one hopper forward.
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["document"],
-                             kinds=["fwd"], family_names=["hopper"])
+                             kinds=["fwd"], family_names=["hopper"], dropout=True)
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["block_sparse"],
                              kinds=["bwd"], family_names=["hopper"])
     # Dropout where its code differs most: the mma backward's column-paired tiles and the hopper
@@ -48,7 +50,7 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
         ("hopper", "bwd", "sm_90", "causal", "none", False),
         ("hopper", "bwd", "sm_90", "causal", "softcap", True),
         ("hopper", "fwd", "sm_90", "causal", "softcap", False),
-        ("hopper", "fwd", "sm_90", "document", "none", False),
+        ("hopper", "fwd", "sm_90", "document", "none", True),
         ("mma", "bwd", "sm_80", "causal", "alibi", False),
         ("mma", "bwd", "sm_80", "causal", "none", False),
         ("mma", "bwd", "sm_90", "causal", "softcap", True),
