@@ -31,7 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from codegen import params
+from codegen import params, paths
+from codegen.config import load_config
+from codegen.spec import enumerate_specs
 from flashgen import forward, interface, launch, loader, ops, validate
 
 SHAPE = (1, 64, 1, 64)  # (batch, seqlen, heads, head_dim)
@@ -193,7 +195,8 @@ def cpu_mock():
                (torch.cuda, "synchronize", lambda: None),
                (launch, "_current_stream", lambda index: 0),
                (launch, "_current_device", lambda: 0),
-               (forward, "_plan", lambda *args: (launcher, None, {"ranks_per_round": 1}))]
+               # the mma family's plan: no padding, its grid field, inputs not loaded by TMA
+               (forward, "_plan", lambda *args: (launcher, None, {"ranks_per_round": 1}, False))]
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -219,7 +222,12 @@ def empty_launcher() -> loader.Launcher:
     library = ctypes.CDLL(str(library_path))
     address = ctypes.cast(library.empty_launcher, ctypes.c_void_p).value
     error_string = ctypes.cast(library.empty_error_string, ctypes.c_void_p).value
-    return loader.Launcher(None, address, error_string, library)
+    # The spec the mock call stands for: the mma family's main hd64 forward, on sm_90.
+    (spec,) = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_90"], head_dims=[64],
+                              dtypes=["bf16"], masks=["none"], kinds=["fwd"],
+                              family_names=["mma"], alt_tiles=False, score_mods=["none"],
+                              dropout=False)
+    return loader.Launcher(spec, address, error_string, library)
 
 
 def report(cpu: bool, calls: int, rounds: int) -> None:
