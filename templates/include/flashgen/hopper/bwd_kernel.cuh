@@ -377,8 +377,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                     (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
         const int mine = work.dq_turn(m_block);
         // The last step's add, issued a step ago, has most likely landed: its turn goes on
-        // first (pass_turn waits if not). Waiting for each add right after issuing it stalled
-        // every step for the round trip to L2.
+        // first (pass_turn waits if not), rather than right after the add is issued, which
+        // would hold every step for a round trip to L2.
         if (passed_turn != nullptr) pass_turn(passed_turn, passed_value);
         int seen;
         do {
