@@ -17,8 +17,9 @@ A snippet is a C++ expression, or a function body with its own `return`s. In sco
 sequence), h (the query head), q_idx and kv_idx (positions within the sequence), each tensor as
 an accessor (`name(i, j)`, `name.size(d)`), and for score_mod and score_mod_grad `score`: the
 scaled score q.k * softmax_scale for score_mod, the modified score for score_mod_grad, which
-returns d score_mod / d score ("1" for a bias: the backward then skips it). A mask_mod must not
-read h (its block ranges are shared by a sequence's heads). Tensor dims named batch, heads,
+returns d score_mod / d score ("1" for a bias: the backward then skips it). A mask_mod that reads
+h gets block masks per (sequence, query head), which cost heads times the memory and time to build
+(a sequence's heads share one otherwise). Tensor dims named batch, heads,
 heads_kv, seqlen_q or seqlen_k, written as numbers, or as such a name over a number (seqlen_q/128:
 the count of 128-row blocks, rounded up) are checked per call; other names are free.
 """
@@ -42,6 +43,7 @@ _TENSOR = re.compile(r"\s*(\w+)\s*\[([^\]]*)\]\s*")
 _RESERVED = {"b", "h", "q_idx", "kv_idx", "score", "p", *CHECKED_DIMS}
 _UNIT = re.compile(r"\s*1(\.0*)?f?\s*")
 _BLOCKS = re.compile(r"(\w+)\s*/\s*([1-9][0-9]*)")  # a checked dim in blocks of a number
+_READS_HEAD = re.compile(r"\bh\b")
 
 
 class VariantError(ValueError):
@@ -106,6 +108,11 @@ class Variant:
         return ScoreModKind(self.name, f"flashgen::VariantScore<{self.struct}>", ("fwd", "bwd"))
 
     @property
+    def per_head(self) -> bool:
+        """Whether its mask_mod reads the query head: its block masks are then per head."""
+        return bool(_READS_HEAD.search(self.mask_mod))
+
+    @property
     def unit_gradient(self) -> bool:
         return bool(_UNIT.fullmatch(self.score_mod_grad))
 
@@ -119,6 +126,8 @@ class Variant:
         lines.append(f"  static constexpr bool kUnitGradient = {unit};")
         skip = "true" if self.skip_blocks else "false"
         lines.append(f"  static constexpr bool kSkipBlocks = {skip};")
+        per_head = "true" if self.per_head else "false"
+        lines.append(f"  static constexpr bool kPerHead = {per_head};")
         inits = ", ".join(
             f"{t.name}(p.variant_tensor{i}, "
             + ", ".join(f"p.variant_size{i}_{d}" for d in range(MAX_RANK)) + ")"
@@ -201,9 +210,6 @@ def _parse_variant(name: str, table, fail) -> Variant:
                    "(\"1\" for a bias)")
     if snippets["score_mod_grad"] and not snippets["score_mod"]:
         raise fail(f"{where}.score_mod_grad", "given without a score_mod")
-    if re.search(r"\bh\b", snippets["mask_mod"]):
-        raise fail(f"{where}.mask_mod", "must not read h: a mask's block ranges are shared by "
-                   "the heads of a sequence (a per-head mask is not supported)")
     tensors_table = table.get("tensors", {})
     if not isinstance(tensors_table, dict) or len(tensors_table) > MAX_TENSORS:
         raise fail(f"{where}.tensors", f"must be a table of at most {MAX_TENSORS} entries "

@@ -123,7 +123,9 @@ def _mask_ranges_fake(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=No
     batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
     if cu_seqlens_q is not None:
         batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
-    return q.new_empty(variants.block_mask_shape(batch, seqlen_q, seqlen_k), dtype=torch.int32)
+    shape = variants.block_mask_shape(variants.resolve(variant), batch, q.shape[2], seqlen_q,
+                                      seqlen_k)
+    return q.new_empty(shape, dtype=torch.int32)
 
 
 def _slots(tensors: tuple) -> tuple:

@@ -1,8 +1,8 @@
 """Config-defined variants at call time (codegen/variants.py): resolving variant="name" against
 the active config, checking the tensors it reads, and the block mask of a variant's mask_mod: which
 keys each group of 16 query rows may see, and which 16-key groups it sees some or all of
-(common/variant.cuh), computed on the GPU by evaluating
-mask_mod at every (query, key) pair. A call without a block mask computes it first (an
+(common/variant.cuh), per sequence, and per query head where the mask_mod reads h, computed on the
+GPU by evaluating mask_mod at every (query, key) pair. A call without a block mask computes it first (an
 O(seqlen_q * seqlen_k) pass); block_mask() computes it once for calls that share the variant's
 tensors and sizes, as FlexAttention's create_block_mask does."""
 
@@ -22,6 +22,7 @@ from flashgen.dispatch import DispatchError
 MASK_RANGE_ROWS = 16  # common/variant.cuh's kMaskRangeRows
 MASK_RANGE_INTS = 4   # and the ints of its MaskRange (kMaskRangeInts)
 MAX_BITMAP_WORDS = 48 * 1024 // 8  # a group of rows' two bitmaps are built in shared memory
+MAX_MASKS = 65535  # block masks per call (sequences x heads): the kernels' grid.y
 
 
 def mask_block_words(seqlen_k: int) -> int:
@@ -30,10 +31,12 @@ def mask_block_words(seqlen_k: int) -> int:
     return (-(-key_groups // 32) + 1 + 3) // 4 * 4
 
 
-def block_mask_shape(batch: int, seqlen_q: int, seqlen_k: int) -> tuple[int, int, int]:
-    """(batch, groups of 16 query rows, ints per group): each group's MaskRange, then its bitmaps
-    of the groups of 16 keys it sees any of and those it sees whole."""
-    return (batch, -(-seqlen_q // MASK_RANGE_ROWS),
+def block_mask_shape(variant: Variant, batch: int, heads: int, seqlen_q: int,
+                     seqlen_k: int) -> tuple[int, int, int, int]:
+    """(batch, heads or 1, groups of 16 query rows, ints per group): a mask per sequence, and per
+    query head where the variant's mask_mod reads h; each group's MaskRange, then its bitmaps of
+    the groups of 16 keys it sees any of and those it sees whole."""
+    return (batch, heads if variant.per_head else 1, -(-seqlen_q // MASK_RANGE_ROWS),
             MASK_RANGE_INTS + 2 * mask_block_words(seqlen_k))
 
 
@@ -54,10 +57,15 @@ class BlockMask:
     """A variant's mask ranges for one batch of sizes and one content of its tensors: pass it as
     block_mask= to every call that shares them, and build it again when the tensors change."""
     variant: str
-    ranges: torch.Tensor  # block_mask_shape(batch, seqlen_q, seqlen_k) int32
+    ranges: torch.Tensor  # block_mask_shape(...) int32
     batch: int
     seqlen_q: int
     seqlen_k: int
+
+    @property
+    def heads(self) -> int:
+        """The query heads it holds a mask for (1: one for every head)."""
+        return self.ranges.shape[1]
 
 
 def block_mask(variant: str, q, k, variant_tensors: dict | None = None, cu_seqlens_q=None,
@@ -153,12 +161,12 @@ def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: i
         if not isinstance(block_mask_, BlockMask):
             raise TypeError(f"flashgen: block_mask must come from flashgen.block_mask(), got "
                             f"{type(block_mask_).__name__}")
-        found = (block_mask_.variant, block_mask_.batch, block_mask_.seqlen_q,
-                 block_mask_.seqlen_k)
-        if found != (v.name, batch, seqlen_q, seqlen_k):
-            raise ValueError(f"flashgen: block_mask was built for variant, batch, seqlen_q, "
-                             f"seqlen_k = {found}, this call is "
-                             f"{(v.name, batch, seqlen_q, seqlen_k)}")
+        found = (block_mask_.variant, block_mask_.batch, block_mask_.heads,
+                 block_mask_.seqlen_q, block_mask_.seqlen_k)
+        call = (v.name, batch, q.shape[2] if v.per_head else 1, seqlen_q, seqlen_k)
+        if found != call:
+            raise ValueError(f"flashgen: block_mask was built for variant, batch, heads (1: "
+                             f"shared), seqlen_q, seqlen_k = {found}, this call is {call}")
         ranges = block_mask_.ranges
     elif v.mask_mod:
         from flashgen import ops
@@ -177,8 +185,11 @@ def compute_mask_ranges(variant: Variant, q, k, tensors: tuple, varlen: tuple,
         raise ValueError(f"flashgen: variant {variant.name!r}'s block mask covers at most "
                          f"{(MAX_BITMAP_WORDS - 4) * 32 * MASK_RANGE_ROWS} keys, got seqlen_k "
                          f"{seqlen_k}")
-    ranges = torch.empty(block_mask_shape(batch, seqlen_q, seqlen_k), dtype=torch.int32,
-                         device=q.device)
+    shape = block_mask_shape(variant, batch, q.shape[2], seqlen_q, seqlen_k)
+    if shape[0] * shape[1] > MAX_MASKS:
+        raise ValueError(f"flashgen: variant {variant.name!r} needs {shape[0] * shape[1]} block "
+                         f"masks (sequences x heads), at most {MAX_MASKS}: split the batch")
+    ranges = torch.empty(shape, dtype=torch.int32, device=q.device)
     if ranges.numel() == 0:
         return ranges
     fields = Modifiers(variant=variant, variant_tensors=tensors, mask_ranges=ranges).fields(1.0)

@@ -29,8 +29,8 @@ def test_default_config_declares_the_documented_head_dims():
     assert config.head_dims("hopper", "fwd", "sm_90") == [64, 96, 128, 192, 256]
     assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none", "window")
     assert config.score_mods == ("alibi", "bias", "none", "softcap")
-    assert [v.name for v in config.variants] == ["block_sparse", "document", "prefix_lm",
-                                                "relative_bias"]
+    assert [v.name for v in config.variants] == ["block_sparse", "document", "head_window",
+                                                "prefix_lm", "relative_bias"]
 
 
 def test_default_config_has_a_backward_tile_per_head_dim():
@@ -295,6 +295,19 @@ def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_pat
     table = '[variants.v]\nscore_mod = "score"\nscore_mod_grad = "1"\nskip_blocks = true\n'
     with pytest.raises(ValueError, match="skip_blocks: goes with a mask_mod"):
         load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+
+
+def test_a_mask_mod_that_reads_h_gets_a_block_mask_per_head():
+    from flashgen.variants import block_mask_shape
+
+    config = load_config(paths.DEFAULT_CONFIG)
+    head_window, document = config.variant("head_window"), config.variant("document")
+    assert [v.name for v in config.variants if v.per_head] == ["head_window"]
+    assert "static constexpr bool kPerHead = true;" in head_window.cpp()
+    assert "static constexpr bool kPerHead = false;" in document.cpp()
+    # (batch, heads or 1, groups of 16 query rows, 4 + 2 bitmaps of 4 words over 300 keys)
+    assert block_mask_shape(head_window, 2, 8, 100, 300) == (2, 8, 7, 12)
+    assert block_mask_shape(document, 2, 8, 100, 300) == (2, 1, 7, 12)
 
 
 def test_a_variants_dropout_builds_its_kernels_again_with_dropout(tmp_path):

@@ -28,15 +28,16 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 2 * 3 * 2 * 2) * 4
                 + (2 * 2 + 2) * 2 * 3 * 3)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
-    # (block_sparse, document, prefix_lm; relative_bias under none, causal and window) 2 dtypes x mma (2 archs x
+    # (block_sparse, document, head_window, prefix_lm; relative_bias under none, causal and window)
+    # 2 dtypes x mma (2 archs x
     # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
     # hopper causal alt tile of head dim 64 x 2 dtypes for relative_bias. Document's table sets
     # dropout = true: its kernels again with dropout.
-    variants = (3 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
+    variants = (4 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
     document = 2 * (2 * 3 * 2 + 2 * 2)
     assert len(specs) == built_in + variants + document
     assert len({s.name for s in specs}) == len(specs)
-    sm_90_variants = (3 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2)
+    sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2)
     assert len([s for s in specs if s.arch == "sm_90"]) == (
         ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 12) * 2) * 4 + 24 * 3 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
@@ -44,7 +45,8 @@ def test_spec_count_is_the_product_of_the_axes(specs):
                                                                  ("hopper", "bwd")}
     assert {s.variant.name for s in specs if s.dropout and s.variant} == {"document"}
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap", "alibi"}
-    assert {s.variant.name for s in specs if s.variant} == {"block_sparse", "document", "prefix_lm",
+    assert {s.variant.name for s in specs if s.variant} == {"block_sparse", "document",
+                                                            "head_window", "prefix_lm",
                                                             "relative_bias"}
 
 
@@ -79,10 +81,10 @@ def test_filters():
 
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
-    # as above; variants: 6 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
+    # as above; variants: 7 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims, document's twice (with dropout)
     assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 3) * 2 * 3 + (5 + 2) * 2 * 2 * 3 * 4
-                          + 7 * 2 * (2 * 2 + 2) * 2)
+                          + 8 * 2 * (2 * 2 + 2) * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}

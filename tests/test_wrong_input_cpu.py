@@ -230,7 +230,8 @@ def test_a_mask_variant_takes_its_block_mask_ranges():
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
     doc_ids = torch.zeros(2, 32, dtype=torch.int32)
-    ranges = torch.zeros(variants.block_mask_shape(2, 32, 32), dtype=torch.int32)
+    document = variants.resolve("document")
+    ranges = torch.zeros(variants.block_mask_shape(document, 2, 4, 32, 32), dtype=torch.int32)
     block_mask = variants.BlockMask("document", ranges, 2, 32, 32)
     mask, _, mods = variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32,
                                      32, "none", Band(0), PLAIN)
@@ -239,3 +240,27 @@ def test_a_mask_variant_takes_its_block_mask_ranges():
     with pytest.raises(ValueError, match="own mask_mod"):
         variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32, 32,
                          "causal", Band(0), PLAIN)
+
+
+def test_a_per_head_block_mask_must_have_the_calls_heads():
+    """head_window's mask_mod reads h: its block mask holds one per query head."""
+    from codegen.masks import Band
+    from codegen.score_mods import PLAIN
+    from flashgen import variants
+
+    q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
+    window = torch.tensor([-1, 8, 8, 0], dtype=torch.int32)
+    head_window = variants.resolve("head_window")
+    for heads, fits in ((4, True), (2, False), (1, False)):
+        ranges = torch.zeros(variants.block_mask_shape(head_window, 2, heads, 32, 32),
+                             dtype=torch.int32)
+        block_mask = variants.BlockMask("head_window", ranges, 2, 32, 32)
+        call = ("head_window", {"window": window}, block_mask, q, q, 2, 32, 32, "none", Band(0),
+                PLAIN)
+        if fits:
+            assert variants.prepare(*call)[2].mask_ranges is ranges
+        else:
+            with pytest.raises(ValueError, match=rf"built for .* \('head_window', 2, {heads}, "
+                                                 rf"32, 32\), this call is \('head_window', 2, "
+                                                 rf"4, 32, 32\)"):
+                variants.prepare(*call)

@@ -9,6 +9,7 @@ struct block_sparse {
   VariantTensor<const int32_t, 3> layout;
   static constexpr bool kUnitGradient = false;
   static constexpr bool kSkipBlocks = true;
+  static constexpr bool kPerHead = false;
   __device__ __forceinline__ explicit block_sparse(AttentionParams const& p)
       : layout(p.variant_tensor0, p.variant_size0_0, p.variant_size0_1, p.variant_size0_2, p.variant_size0_3) {}
   __device__ __forceinline__ bool mask_mod(int b, int h, int q_idx, int kv_idx) const {

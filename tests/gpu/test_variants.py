@@ -1,8 +1,8 @@
 """Config-defined variants (codegen/variants.py), the default config's examples end to end:
-document masking, prefix-LM and a relative-position bias, each against the fp32 reference with
-the same mask or bias built in Python, on every family, forward and gradients, with and without a
-prebuilt block mask, GQA, varlen, deterministic gradients, dropout (document's table builds it),
-and bad input."""
+document masking, prefix-LM, per-head windows (a mask_mod that reads the head) and a
+relative-position bias, each against the fp32 reference with the same mask or bias built in
+Python, on every family, forward and gradients, with and without a prebuilt block mask, GQA,
+varlen, deterministic gradients, dropout (document's table builds it), and bad input."""
 
 from __future__ import annotations
 
@@ -52,6 +52,12 @@ def prefix_lm_visible(prefix_len, seqlen: int):
     return ((kv_idx <= q_idx) | (kv_idx < prefix_len.view(-1, 1, 1)))[:, None]
 
 
+def head_window_visible(window, seqlen: int):
+    q_idx, kv_idx = positions(seqlen)
+    window = window.view(-1, 1, 1)
+    return ((kv_idx <= q_idx) & ((window < 0) | (q_idx - kv_idx < window)))[None]
+
+
 def relative_bias_scores(bias, seqlen: int):
     q_idx, kv_idx = positions(seqlen)
     return bias[:, kv_idx - q_idx + (bias.shape[1] - 1) // 2][None]  # (1, heads, sq, sk)
@@ -85,6 +91,30 @@ def test_prefix_lm(dtype, head_dim, each_family):
                                        variant_tensors={"prefix_len": prefix_len})
 
 
+# Per query head (8 heads over 2 KV heads, so each backward key block walks heads of different
+# windows): the whole causal prefix, windows under, across and over a tile, and none at all.
+HEAD_WINDOWS = [-1, 1, 0, 100, 300, 129, -1, 64]
+
+
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["per_call", "block_mask"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
+def test_per_head_windows(dtype, head_dim, prebuilt, each_family):
+    """head_window's mask_mod reads h, so its block mask holds one per query head and each head
+    walks only its own key blocks; a head whose window is 0 sees nothing (output 0, lse -inf,
+    gradients 0)."""
+    batch, seqlen, heads, heads_kv = 2, 777, 8, 2
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, DTYPES[dtype], False)
+    window = torch.tensor(HEAD_WINDOWS, dtype=torch.int32, device="cuda")
+    tensors = {"window": window}
+    block_mask = flashgen.block_mask("head_window", q, k, tensors) if prebuilt else None
+    if prebuilt:
+        assert block_mask.ranges.shape[:2] == (batch, heads)
+    reference = dict(causal=False, visible=head_window_visible(window, seqlen))
+    assert_attention_matches_reference(q, k, v, reference, variant="head_window",
+                                       variant_tensors=tensors, block_mask=block_mask)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
@@ -99,23 +129,30 @@ def test_relative_bias(dtype, head_dim, causal, each_family):
                                score_mod="relative_bias").score_mod == "relative_bias"
 
 
-def test_varlen_documents_see_positions_within_their_sequence():
-    lengths, heads, head_dim = [300, 57, 512], 4, 128
+@pytest.mark.parametrize("variant", ["document", "head_window"])
+def test_varlen_variants_see_positions_within_their_sequence(variant):
+    lengths, heads, head_dim = [300, 57, 512], 8, 128
     total = sum(lengths)
     q, k, v = (torch.randn(total, heads, head_dim, device="cuda", dtype=torch.bfloat16,
                            requires_grad=True) for _ in range(3))
     cu = cu_seqlens(lengths)
-    doc_ids = document_ids(len(lengths), max(lengths))
-    tensors = {"doc_ids": doc_ids}
+    if variant == "document":
+        doc_ids = document_ids(len(lengths), max(lengths))
+        tensors = {"doc_ids": doc_ids}
+        visible = [document_visible(doc_ids[b:b + 1, :n]) for b, n in enumerate(lengths)]
+    else:
+        window = torch.tensor(HEAD_WINDOWS, dtype=torch.int32, device="cuda")
+        tensors = {"window": window}
+        visible = [head_window_visible(window, n) for n in lengths]
     out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths),
-                                 variant="document", variant_tensors=tensors)
+                                 variant=variant, variant_tensors=tensors)
     dout = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     starts = cu.tolist()
     for b, length in enumerate(lengths):
         rows = slice(starts[b], starts[b + 1])
         seq = [t[rows].unsqueeze(0).detach().requires_grad_() for t in (q, k, v)]
-        kwargs = dict(causal=False, visible=document_visible(doc_ids[b:b + 1, :length]))
+        kwargs = dict(causal=False, visible=visible[b])
         ref, _ = attention_ref(*seq, **kwargs)
         same_dtype, _ = attention_ref(*seq, upcast=False, **kwargs)
         assert_close_fa2(out[rows].unsqueeze(0), ref, same_dtype, f"out of sequence {b}")
@@ -161,16 +198,19 @@ def test_a_variant_built_without_dropout_says_how_to_build_it():
                         variant_tensors={"prefix_len": prefix_len})
 
 
+@pytest.mark.parametrize("variant", ["document", "head_window"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_deterministic_gradients_are_bit_identical(head_dim, each_family):
+def test_deterministic_gradients_are_bit_identical(head_dim, variant, each_family):
     """The hopper backward adds dQ in an order its block ranges fix: a variant's must agree
-    between the two views (key blocks per query block and back) or a run would hang."""
+    between the two views (key blocks per query block and back), per head where they are per
+    head, or a run would hang."""
     q, k, v = make_qkv(2, 1100, 1100, 8, 2, head_dim, torch.bfloat16, False)
     dout = torch.randn_like(q)
-    tensors = {"doc_ids": document_ids(2, 1100, documents=7)}
+    tensors = ({"doc_ids": document_ids(2, 1100, documents=7)} if variant == "document" else
+               {"window": torch.tensor(HEAD_WINDOWS, dtype=torch.int32, device="cuda")})
 
     def grads():
-        out = flash_attn_func(q, k, v, variant="document", variant_tensors=tensors,
+        out = flash_attn_func(q, k, v, variant=variant, variant_tensors=tensors,
                               deterministic=True)
         return torch.autograd.grad(out, (q, k, v), dout)
 

@@ -21,12 +21,17 @@ struct NoMask {
   // Whether its key and query block ranges may hold tiles with no visible element, which
   // visits() tells apart (a config-defined variant with skip_blocks); the walks below skip them.
   static constexpr bool kSkipsBlocks = false;
+  // Whether what a row sees depends on its query head (a config-defined mask that reads h): then
+  // kernels take each head's view by for_head, and block ranges differ per head.
+  static constexpr bool kPerHead = false;
   int seqlen_k;
 
   // For sequence `batch` of the call, of seqlen_k keys, offset its mask_offset.
   __device__ __forceinline__ NoMask(AttentionParams const& /*p*/, int /*batch*/, int seqlen_k,
                                     int /*offset*/)
       : seqlen_k(seqlen_k) {}
+  // The policy for query head `head` (itself where kPerHead is false).
+  __device__ __forceinline__ NoMask for_head(int /*head*/) const { return *this; }
 
   // The first key block that a query block whose first row is first_row visits.
   template <int kBlockN>
@@ -62,12 +67,14 @@ struct NoMask {
 struct CausalMask {
   static constexpr bool kHidesKeys = true;
   static constexpr bool kSkipsBlocks = false;
+  static constexpr bool kPerHead = false;
   int seqlen_k;
   int offset;
 
   __device__ __forceinline__ CausalMask(AttentionParams const& /*p*/, int /*batch*/, int seqlen_k,
                                         int offset)
       : seqlen_k(seqlen_k), offset(offset) {}
+  __device__ __forceinline__ CausalMask for_head(int /*head*/) const { return *this; }
 
   template <int kBlockN>
   __device__ __forceinline__ int key_block_begin(int /*first_row*/) const {
@@ -106,6 +113,7 @@ struct CausalMask {
 struct WindowMask {
   static constexpr bool kHidesKeys = true;
   static constexpr bool kSkipsBlocks = false;
+  static constexpr bool kPerHead = false;
   int seqlen_k;
   int offset;
   int left;
@@ -114,6 +122,7 @@ struct WindowMask {
   __device__ __forceinline__ WindowMask(AttentionParams const& p, int /*batch*/, int seqlen_k,
                                         int offset)
       : seqlen_k(seqlen_k), offset(offset), left(p.window_left), right(p.window_right) {}
+  __device__ __forceinline__ WindowMask for_head(int /*head*/) const { return *this; }
 
   template <int kBlockN>
   __device__ __forceinline__ int key_block_begin(int first_row) const {
@@ -243,48 +252,73 @@ __device__ __forceinline__ int query_block_above(Mask const& mask, int n_block, 
   }
 }
 
-// A step of a backward key block's walk: a query head of its KV head's group, a query block.
+// A step of a backward key block's walk: a query head of its KV head's group, a query block, and
+// the last query block the walk visits for that head.
 struct BwdStep {
-  int head, m_block;
+  int head, m_block, last;
 };
 
 // A backward key block's walk: each query head of the group in turn, and for each the query
-// blocks from first to last that see a key of the block, stepping over those in between without
-// a visible score where the mask has such (kSkipsBlocks; then whole warps construct and step it,
-// as the query-side walks above ask).
+// blocks from the first to the last that see a key of the block, stepping over those in between
+// without a visible score where the mask has such (kSkipsBlocks; then whole warps construct and
+// step it, as the query-side walks above ask). A mask with kPerHead has each head's own range
+// (heads that see nothing of the block are stepped over); the others share one.
 template <int kBlockM, int kBlockN, class Mask>
 struct QueryBlockWalk {
-  int n_block;
-  int first, last;            // query blocks
-  int head_first, head_end;   // query heads
+  int n_block, m_blocks;
+  int head_first, head_end;  // query heads
+  int2 blocks;               // the first and last query block of every head (not kPerHead)
+  BwdStep start;
 
-  // m_begin .. m_end - 1: the mask's query block range for n_block.
-  __device__ __forceinline__ QueryBlockWalk(Mask const& mask, int n_block, int m_begin, int m_end,
+  __device__ __forceinline__ QueryBlockWalk(Mask const& mask, int n_block, int m_blocks,
                                             int head_first, int heads)
-      : n_block(n_block), head_first(head_first), head_end(head_first + heads) {
-    const int2 visited = visited_query_blocks<kBlockM, kBlockN>(mask, n_block, m_begin, m_end);
-    first = visited.x;
-    last = visited.y;
+      : n_block(n_block), m_blocks(m_blocks), head_first(head_first),
+        head_end(head_first + heads), blocks(make_int2(0, -1)) {
+    if constexpr (!Mask::kPerHead) blocks = visited(mask);
+    start = first_step(mask, head_first);
   }
-  __device__ __forceinline__ bool has_steps() const { return first <= last; }
-  // The number of steps, exact where the mask skips no blocks (else an upper bound).
+  // The first and last query block that see a key of the block under `mask` (one head's).
+  __device__ __forceinline__ int2 visited(Mask const& mask) const {
+    const int end = mask.template query_block_end<kBlockM, kBlockN>(n_block, m_blocks);
+    const int begin = min(end, mask.template query_block_begin<kBlockM, kBlockN>(n_block));
+    return visited_query_blocks<kBlockM, kBlockN>(mask, n_block, begin, end);
+  }
+  // The walk's first step at head `head` or after it (done() where none has one).
+  __device__ __forceinline__ BwdStep first_step(Mask const& mask, int head) const {
+    for (; head < head_end; ++head) {
+      int2 range = blocks;
+      if constexpr (Mask::kPerHead) range = visited(mask.for_head(head));
+      if (range.x <= range.y) return {head, range.x, range.y};
+      if constexpr (!Mask::kPerHead) break;  // every head alike: none has a step
+    }
+    return {head_end, 0, -1};
+  }
+  __device__ __forceinline__ bool has_steps() const { return !done(start); }
+  // The number of steps, exact where every head shares a range without skips (else an upper
+  // bound).
   __device__ __forceinline__ int steps_at_most() const {
-    return has_steps() ? (head_end - head_first) * (last - first + 1) : 0;
-  }
-  __device__ __forceinline__ bool done(BwdStep at) const {
-    return !has_steps() || at.head >= head_end;
-  }
-  __device__ __forceinline__ BwdStep next(Mask const& mask, BwdStep at) const {
-    const int m_block = query_block_above<kBlockM, kBlockN>(mask, n_block, at.m_block, last);
-    return m_block > last ? BwdStep{at.head + 1, first} : BwdStep{at.head, m_block};
-  }
-  // Step `step` of the walk: closed-form where the mask skips no blocks, else walked to.
-  __device__ __forceinline__ BwdStep at_step(Mask const& mask, int step) const {
-    if constexpr (!Mask::kSkipsBlocks) {
-      const int blocks = last - first + 1;
-      return {head_first + step / blocks, first + step % blocks};
+    if constexpr (Mask::kPerHead) {
+      return has_steps() ? (head_end - start.head) * m_blocks : 0;
     } else {
-      BwdStep at{head_first, first};
+      return has_steps() ? (head_end - head_first) * (blocks.y - blocks.x + 1) : 0;
+    }
+  }
+  __device__ __forceinline__ bool done(BwdStep at) const { return at.head >= head_end; }
+  __device__ __forceinline__ BwdStep next(Mask const& mask, BwdStep at) const {
+    const int m_block = query_block_above<kBlockM, kBlockN>(mask.for_head(at.head), n_block,
+                                                            at.m_block, at.last);
+    return m_block > at.last ? first_step(mask, at.head + 1)
+                             : BwdStep{at.head, m_block, at.last};
+  }
+  // Step `step` of the walk: closed-form where every head shares a range without skips, else
+  // walked to.
+  __device__ __forceinline__ BwdStep at_step(Mask const& mask, int step) const {
+    if constexpr (!Mask::kSkipsBlocks && !Mask::kPerHead) {
+      if (!has_steps()) return start;
+      const int count = blocks.y - blocks.x + 1;
+      return {head_first + step / count, blocks.x + step % count, blocks.y};
+    } else {
+      BwdStep at = start;
       for (; step > 0 && !done(at); --step) at = next(mask, at);
       return at;
     }

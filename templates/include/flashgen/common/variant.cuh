@@ -5,7 +5,7 @@
 //
 // A predicate says nothing about which key blocks a query block may skip, so a call first runs
 // compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): per
-// sequence and group of 16 query rows, the range of keys it sees and two bitmaps over its groups
+// sequence (and query head, for a mask_mod that reads h: V::kPerHead) and group of 16 query rows, the range of keys it sees and two bitmaps over its groups
 // of 16 keys: those it sees any key of, and those it sees whole. A variant with skip_blocks
 // visits the tiles inside the range with a bit of the first set (a block-sparse mask's unlisted
 // blocks are never loaded) and masks those not wholly in the second (its listed blocks run
@@ -46,6 +46,12 @@ __host__ __device__ __forceinline__ int mask_row_ints(AttentionParams const& p) 
   return kMaskRangeInts + 2 * mask_block_words(p);
 }
 
+// The block masks per sequence: one per query head where the mask_mod reads h, else one.
+template <class V>
+__host__ __device__ __forceinline__ int mask_heads(AttentionParams const& p) {
+  return V::kPerHead ? p.heads : 1;
+}
+
 // The keys one group of 16 query rows sees lie in [first, end), made monotone (first a minimum
 // over this and later groups, end a maximum over this and earlier ones) so that every family's
 // block ranges agree, forward and backward (the hopper backward's deterministic dQ order counts
@@ -63,14 +69,16 @@ template <class V>
 struct VariantMask {
   static constexpr bool kHidesKeys = true;
   static constexpr bool kSkipsBlocks = V::kSkipBlocks;
+  static constexpr bool kPerHead = V::kPerHead;
   V variant;
   int batch;
+  int head = 0;  // the query head the mask_mod sees (for_head sets it where kPerHead)
   int seqlen_q;
   int seqlen_k;
   int groups;
   int row_ints;        // mask_row_ints
   int words;           // mask_block_words
-  const int* entries;  // this sequence's, one per group of query rows
+  const int* entries;  // this sequence's (and head's), one per group of query rows
   mutable int all_see_block = -1;  // tile_needs_mask's query block, and the keys all its rows see
   mutable int all_see_first = 0;
   mutable int all_see_last = 0;
@@ -81,7 +89,18 @@ struct VariantMask {
         seqlen_q(p.cu_seqlens_q == nullptr ? p.seqlen_q
                                            : p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]),
         seqlen_k(seqlen_k), groups(mask_range_groups(p)), row_ints(mask_row_ints(p)),
-        words(mask_block_words(p)), entries(p.mask_ranges + int64_t(batch) * groups * row_ints) {}
+        words(mask_block_words(p)),
+        entries(p.mask_ranges + int64_t(batch) * mask_heads<V>(p) * groups * row_ints) {}
+
+  __device__ __forceinline__ VariantMask for_head(int h) const {
+    VariantMask view = *this;
+    if constexpr (kPerHead) {
+      view.head = h;
+      view.entries = entries + (int64_t(h) - head) * groups * row_ints;
+      view.all_see_block = -1;
+    }
+    return view;
+  }
 
   __device__ __forceinline__ int group_of(int row) const {
     return min(groups - 1, row / kMaskRangeRows);
@@ -220,7 +239,7 @@ struct VariantMask {
   }
   // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them.
   __device__ __forceinline__ bool visible(int row, int col) const {
-    return row < seqlen_q && col < seqlen_k && variant.mask_mod(batch, 0, row, col);
+    return row < seqlen_q && col < seqlen_k && variant.mask_mod(batch, head, row, col);
   }
   // One row group's seen bitmap over a kBlockN-key tile, what visible_by_groups() reads, and
   // whether each of the tile's 16 x 16 groups in the row group is wholly seen or unseen (the
@@ -273,7 +292,7 @@ struct VariantScore {
   }
 };
 
-// Block (group, sequence), one warp per row, each lane a key of every 32: the group's first and
+// Block (group, sequence x mask head), one warp per row, each lane a key of every 32: the group's first and
 // end key, the run of keys all its rows see (a row whose count fills its span sees a run), and
 // its two bitmaps, gathered in shared memory from each warp's ballots (a key group is wholly
 // seen when every row of the group inside the sequence sees each of its keys inside it).
@@ -282,7 +301,8 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
     mask_rows_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
   extern __shared__ uint32_t bitmaps[];  // seen, then wholly seen
   const int group = blockIdx.x;
-  const int batch = blockIdx.y;
+  const int batch = blockIdx.y / mask_heads<V>(p);
+  const int head = blockIdx.y % mask_heads<V>(p);
   const DenseSeqs seq(p, batch);
   const V variant(p);
   const int warp = threadIdx.x / 32;
@@ -296,7 +316,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   for (int col0 = 0; col0 < seq.seqlen_k; col0 += 32) {  // every lane of the warp, for the ballot
     const int col = col0 + lane;
     const bool visible = row_inside && col < seq.seqlen_k &&
-                         variant.mask_mod(batch, 0, row, col);
+                         variant.mask_mod(batch, head, row, col);
     if (visible) {
       first = min(first, col);
       last = col;
@@ -321,7 +341,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   __shared__ int4 rows[kMaskRangeRows];
   if (lane == 0) rows[warp] = make_int4(first, last, count, row_inside);
   __syncthreads();
-  int* entry = p.mask_ranges + (int64_t(batch) * gridDim.x + group) * mask_row_ints(p);
+  int* entry = p.mask_ranges + (int64_t(blockIdx.y) * gridDim.x + group) * mask_row_ints(p);
   for (int w = threadIdx.x; w < 2 * words; w += blockDim.x) {
     entry[kMaskRangeInts + w] = int(bitmaps[w]);
   }
@@ -339,7 +359,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   *reinterpret_cast<MaskRange*>(entry) = range;
 }
 
-// Block per sequence: the first keys as minima over later groups, the ends as maxima over earlier
+// Block per sequence (and mask head): the first keys as minima over later groups, the ends as maxima over earlier
 // ones, each first at most its end (a group that sees nothing then visits nothing).
 constexpr int kScanThreads = 1024;
 
@@ -396,17 +416,19 @@ __global__ void __launch_bounds__(kScanThreads)
   }
 }
 
-// Fills p.mask_ranges ((batch, mask_range_groups(p), mask_row_ints(p)) ints) for the variant V.
+// Fills p.mask_ranges ((batch, mask_heads<V>(p), mask_range_groups(p), mask_row_ints(p)) ints)
+// for the variant V.
 template <class V>
 cudaError_t compute_mask_ranges(AttentionParams const& p, cudaStream_t stream) {
   const int groups = mask_range_groups(p);
-  if (groups == 0 || p.batch == 0) return cudaSuccess;
+  const int masks = p.batch * mask_heads<V>(p);
+  if (groups == 0 || masks == 0) return cudaSuccess;
   const int bitmap_bytes = 2 * mask_block_words(p) * 4;
   if (bitmap_bytes > 48 * 1024) {  // 3M keys: beyond, the bitmaps would need an opt-in
     return cudaErrorInvalidValue;
   }
-  mask_rows_kernel<V><<<dim3(groups, p.batch), 32 * kMaskRangeRows, bitmap_bytes, stream>>>(p);
-  mask_ranges_scan_kernel<<<p.batch, kScanThreads, 0, stream>>>(p);
+  mask_rows_kernel<V><<<dim3(groups, masks), 32 * kMaskRangeRows, bitmap_bytes, stream>>>(p);
+  mask_ranges_scan_kernel<<<masks, kScanThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

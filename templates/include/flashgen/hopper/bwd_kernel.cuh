@@ -63,12 +63,8 @@ struct KeyBlockWork {
   // The query blocks that see a key of the block, for each query head of the group.
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
       BwdParams const& p) const {
-    const int m_end =
-        mask.template query_block_end<Traits::kBlockM, Traits::kBlockN>(n_block, m_blocks);
-    const int m_begin = min(m_end, mask.template query_block_begin<Traits::kBlockM,
-                                                                   Traits::kBlockN>(n_block));
     const int group = p.heads / p.heads_kv;
-    return {mask, n_block, m_begin, m_end, head_kv * group, group};
+    return {mask, n_block, m_blocks, head_kv * group, group};
   }
   // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
@@ -77,13 +73,14 @@ struct KeyBlockWork {
   // A deterministic run's order of dQ adds to a query block: descending key blocks, from the last
   // one that the block's rows (padded to the whole block) see. Where the mask skips blocks, the
   // turns count only the key blocks that visit it (the others add nothing, and never run).
-  __device__ __forceinline__ int dq_turn(int m_block) const {
+  // head_mask: the mask's view for the query block's head.
+  __device__ __forceinline__ int dq_turn(Mask const& head_mask, int m_block) const {
     const int end =
-        mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1);
+        head_mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1);
     if constexpr (Mask::kSkipsBlocks) {
       int turn = 0;
       for (int n = n_block + 1; n < end; ++n) {
-        turn += visits<Traits::kBlockM, Traits::kBlockN>(mask, m_block, n);
+        turn += visits<Traits::kBlockM, Traits::kBlockN>(head_mask, m_block, n);
       }
       return turn;
     } else {
@@ -265,6 +262,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int head = at.head;
     const int m_block = at.m_block;
     const int ds_buffer = step & 1;
+    const Mask mask = work.mask.for_head(head);
 
     pipeline_q.consumer_wait(q_state);
     warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
@@ -287,12 +285,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         tSrS(i) = score_mod.apply(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
       }
     }
-    if (work.mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, work.n_block)) {
+    if (mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, work.n_block)) {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         const int key = key0 + get<0>(tScS(i));
         const int row = row0 + get<1>(tScS(i));
-        if (!work.mask.visible(row, key)) tSrS(i) = -INFINITY;
+        if (!mask.visible(row, key)) tSrS(i) = -INFINITY;
       }
     }
     const float* lse_log2 = smem.lse_log2 + q_state.index() * kBlockM;
@@ -375,7 +373,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (deterministic) {
         int* turn = p.dq_semaphore +
                     (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
-        const int mine = work.dq_turn(m_block);
+        const int mine = work.dq_turn(mask, m_block);
         // The last step's add, issued a step ago, has most likely landed: its turn goes on
         // first (pass_turn waits if not), rather than right after the add is issued, which
         // would hold every step for a round trip to L2.

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       seq.seqlen_k = CachedKeys(p, tile.batch).seqlen_k;
       seq.mask_offset = seq.seqlen_k - seq.seqlen_q;
     }
-    const Mask mask(p, tile.batch, seq.seqlen_k, seq.mask_offset);
+    const Mask mask = Mask(p, tile.batch, seq.seqlen_k, seq.mask_offset).for_head(tile.head);
     const bool past_end = !kDense && tile.m_block * kBlockM >= seq.seqlen_q;
     const int last_row = min(seq.seqlen_q, (tile.m_block + 1) * kBlockM) - 1;
     const auto rows = kDense ? TmaRows<kBlockN>::of_batch(tile.batch)

@@ -157,15 +157,12 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
 
   // Query blocks that see a key of this block: those the mask lets see it. Steps run over (query
-  // head in the group, query block); none means dK = dV = 0. A piece runs its share of them (a
-  // mask that skips blocks hides keys, and such grids are not split: its walk's steps are
-  // counted only by walking).
+  // head in the group, query block); none means dK = dV = 0. A piece runs its share of them
+  // (grids of masks that hide keys are not split, so the walks of those that skip blocks or
+  // differ per head, whose steps are counted only by walking, are never divided).
   const int num_m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
-  const int m_block_end = mask.template query_block_end<kBlockM, kBlockN>(n_block, num_m_blocks);
-  const int m_block_min =
-      min(m_block_end, mask.template query_block_begin<kBlockM, kBlockN>(n_block));
-  const QueryBlockWalk<kBlockM, kBlockN, Mask> walk(mask, n_block, m_block_min, m_block_end,
-                                                    head_kv * group, group);
+  const QueryBlockWalk<kBlockM, kBlockN, Mask> walk(mask, n_block, num_m_blocks, head_kv * group,
+                                                    group);
   const int steps = walk.steps_at_most();
   const int step_begin = piece.piece * steps / piece.pieces;
   const int step_end = (piece.piece + 1) * steps / piece.pieces;
@@ -312,7 +309,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
     const Dropout dropout(p, seq.batch, head);
     float* bias_grad = p.attn_bias_grad == nullptr ? nullptr
         : p.attn_bias_grad + (int64_t(seq.batch) * p.heads + head) * p.seqlen_q * p.seqlen_k;
-    compute_p_ds<Traits>(p, seq, mask, score_mod, dropout, tid, sQ(_, _, stage),
+    compute_p_ds<Traits>(p, seq, mask.for_head(head), score_mod, dropout, tid, sQ(_, _, stage),
                          sdO(_, _, stage), sK, sV, sP, sdS, m_block, n_block,
                          p.softmax_lse + row_base, p.softmax_d + row_base, bias_grad);
     if constexpr (Traits::kDqBulkReduce) {
@@ -391,7 +388,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
+  const Mask mask = Mask(p, seq.batch, seq.seqlen_k, seq.mask_offset).for_head(head);
   const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
   const Dropout dropout(p, seq.batch, head);
   const int rows = seq.seqlen_q - m_block * kBlockM;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const int head = work.batch_head % p.heads;
   const int head_kv = head / (p.heads / p.heads_kv);
   const Seqs seq(p, work.batch_head / p.heads);
-  const Mask mask(p, seq.batch, seq.seqlen_k, seq.mask_offset);
+  const Mask mask = Mask(p, seq.batch, seq.seqlen_k, seq.mask_offset).for_head(head);
   const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
   const Dropout dropout(p, seq.batch, head);
 
