@@ -268,6 +268,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
     pipeline_do.consumer_wait(do_state);
     warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+    // A deterministic run's last dQ add, issued a step ago, has most likely landed: its turn
+    // goes on while this step's first GEMMs run (pass_turn waits if not), not right after the
+    // add is issued (every step would wait a round trip to L2) nor at the next add (the next
+    // key block would wait half a step longer).
+    if (passed_turn != nullptr) {
+      pass_turn(passed_turn, passed_value);
+      passed_turn = nullptr;
+    }
 
     // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
     // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
@@ -374,10 +382,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         int* turn = p.dq_semaphore +
                     (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
         const int mine = work.dq_turn(mask, m_block);
-        // The last step's add, issued a step ago, has most likely landed: its turn goes on
-        // first (pass_turn waits if not), rather than right after the add is issued, which
-        // would hold every step for a round trip to L2.
-        if (passed_turn != nullptr) pass_turn(passed_turn, passed_value);
         int seen;
         do {
           asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
