@@ -47,7 +47,7 @@ def _variant_context(spec: KernelSpec) -> dict:
     if variant is None:
         return {"variant_code": "", "variant_entry": ""}
     entry = ""
-    if variant.mask_mod:
+    if spec.computes_mask_ranges:
         entry = (
             "\n// The variant's mask ranges (common/variant.cuh), before its kernels run.\n"
             "extern \"C\" int flashgen_mask_ranges(const flashgen::AttentionParams* params, "

@@ -52,6 +52,12 @@ class KernelSpec:
         return "flashgen::Dropout" if self.dropout else "flashgen::NoDropout"
 
     @property
+    def computes_mask_ranges(self) -> bool:
+        """Whether its library carries the entry that computes its variant mask's block ranges
+        (common/variant.cuh; the forward and backward kernels read them, decode kernels not)."""
+        return self.variant is not None and bool(self.variant.mask_mod) and self.kind != "decode"
+
+    @property
     def score_mod_kind(self) -> ScoreModKind:
         if self.variant is not None and self.score_mod == self.variant.name:
             return self.variant.score_mod_kind
@@ -71,7 +77,7 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
         KernelSpec(family, kind, arch, dtype, head_dim, mask, tile, score_mod, variant, dropout)
         for (family, kind, arch, head_dim), _ in config.tiles
         for variant, masks, score_mods in variant_axes(config)
-        if variant is None or kind in VARIANT_KINDS and (not variant.head_dims
+        if variant is None or kind in variant.kinds and (not variant.head_dims
                                                          or head_dim in variant.head_dims)
         for mask in masks
         for score_mod in score_mods if variant or kind in SCORE_MODS[score_mod].kinds
@@ -87,9 +93,6 @@ def takes_dropout(config: Config, family: str, kind: str, variant: Variant | Non
     a variant's, with dropout too."""
     wanted = config.dropout if variant is None else variant.dropout
     return wanted and kind in families.FAMILIES[family].dropout_kinds
-
-
-VARIANT_KINDS = ("fwd", "bwd")  # the kinds a config-defined variant builds
 
 
 def variant_axes(config: Config):

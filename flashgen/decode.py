@@ -16,7 +16,7 @@ from codegen.families.mma import resources
 from codegen.masks import Band
 from codegen.params import WINDOW_UNBOUNDED
 from codegen.score_mods import Modifiers
-from flashgen import dispatch, forward, launch, loader, registry
+from flashgen import dispatch, forward, launch, loader, registry, variants
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
@@ -55,13 +55,15 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
 
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
            cache_batch_idx, block_table, scale: float, softcap: float, alibi_slopes,
-           window_left: int, window_right: int, rotary_interleaved: bool, num_splits: int):
+           window_left: int, window_right: int, rotary_interleaved: bool, num_splits: int,
+           variant: str = "", *variant_tensors):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
     inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
     first (rotated when rotary_cos is given). The queries see the band of keys that
     validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
     > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
-    bottom-right like the mask."""
+    bottom-right like the mask; variant: a config-defined variant's name (its mask in place of
+    the band, which is then unbounded) with its checked tensors, on the decode kernel."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not launch.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -88,12 +90,18 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         mask = "none"
     device_index = q.get_device()
     packed_rows = seqlen_q * (heads // heads_kv)
-    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes)
+    v = variants.resolve(variant) if variant else None
+    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, variant=v,
+                     variant_tensors=tuple(t for t in variant_tensors if t is not None))
+    if v is not None and v.mask_mod:
+        mask = v.name
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
                             mods.score_mod)
     spec = launcher.spec
     attention = None
-    if num_splits == 0:  # a forced split count runs on the decode kernel, which splits
+    # A forced split count, or a variant (whose mask would need block ranges there), runs on the
+    # decode kernel, which splits.
+    if num_splits == 0 and v is None:
         attention = _cache_forward(device_index, dtype, head_dim, mask, batch * heads, seqlen_q,
                                    q, k_cache, v_cache, paged, mods.score_mod)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from codegen.score_mods import PLAIN
-from flashgen import ops, validate
+from flashgen import ops, validate, variants
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -14,7 +14,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False):
+                            return_softmax_lse=False, *, variant=None, variant_tensors=None):
     """Attention of new queries over a KV cache, FlashAttention-2's interface.
 
     q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache,
@@ -31,7 +31,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
     N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
     bottom-right to each sequence's keys; softcap and alibi_slopes as in flash_attn_func
-    (ALiBi's distance aligned bottom-right too). Returns out (batch, seqlen_q, nheads,
+    (ALiBi's distance aligned bottom-right too). variant="name" and variant_tensors run a
+    config-defined variant whose table sets decode = true (codegen/variants.py): q_idx is a new
+    token's position in its sequence (cached keys before it), kv_idx a key's; its tensors'
+    seqlen_k is the cache's capacity; a mask_mod runs on every cached key (no block is skipped).
+    Returns out (batch, seqlen_q, nheads,
     headdim), and with return_softmax_lse (out, softmax_lse), lse (batch, nheads, seqlen_q)
     fp32. Not differentiable. CUDA-graph safe: nothing on the device is read on the host
     (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
@@ -64,14 +68,19 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         raise ValueError(f"flashgen: num_splits={num_splits} is more than 65535")
     scale = validate.check_scale(softmax_scale, head_dim)
     # Bounds that hide nothing for any sequence of the cache's capacity count as unbounded.
-    _, band = validate.band(causal, window_size, seqlen_q, capacity, capacity - seqlen_q)
+    mask, band = validate.band(causal, window_size, seqlen_q, capacity, capacity - seqlen_q)
+    name, tensors = "", ()
+    if variant is not None or variant_tensors is not None:
+        name, tensors = variants.prepare_decode(variant, variant_tensors, q, k_cache, batch,
+                                                seqlen_q, capacity, mask, mods)
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page)
     out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
                                           cache_seqlens, cache_batch_idx, block_table, scale,
                                           mods.softcap, mods.alibi_slopes, band.left, band.right,
-                                          bool(rotary_interleaved), num_splits)
+                                          bool(rotary_interleaved), num_splits, variant=name,
+                                          variant_tensors=tensors)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -73,6 +73,6 @@ def _load(spec: KernelSpec) -> Launcher:
     address = ctypes.cast(getattr(library, spec.name), ctypes.c_void_p).value
     error_string = ctypes.cast(library.flashgen_error_string, ctypes.c_void_p).value
     mask_ranges = 0
-    if spec.variant is not None and spec.variant.mask_mod:
+    if spec.computes_mask_ranges:
         mask_ranges = ctypes.cast(library.flashgen_mask_ranges, ctypes.c_void_p).value
     return Launcher(spec, address, error_string, library, mask_ranges)

@@ -69,14 +69,15 @@ _LIBRARY.define("mask_ranges(str variant, Tensor q, Tensor k, Tensor[] variant_t
 # Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
 # caches in place at cache_seqlens; the queries see the band window_left .. window_right around
 # their position (bottom-right aligned per sequence, codegen/masks.py); softcap > 0 caps the
-# scores, alibi_slopes biases them; num_splits 0 lets flashgen/decode.py choose. Not
-# differentiable.
+# scores, alibi_slopes biases them; num_splits 0 lets flashgen/decode.py choose; variant (a
+# config-defined one's name, or "") and its tensors as in fwd. Not differentiable.
 _LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
                 "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
                 "Tensor? cache_batch_idx, Tensor? block_table, float scale, float softcap, "
                 "Tensor? alibi_slopes, int window_left, int window_right, "
-                "bool rotary_interleaved, int num_splits) "
-                "-> (Tensor out, Tensor lse)", tags=_TAGS)
+                "bool rotary_interleaved, int num_splits, str variant=\"\", " +
+                _VARIANT_TENSOR_ARGUMENTS.replace(",", "=None,").rstrip(", ") +
+                ") -> (Tensor out, Tensor lse)", tags=_TAGS)
 
 
 def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
@@ -163,9 +164,10 @@ def _runs_plain_eager(tensors) -> bool:
     return True
 
 
-def attention_with_kvcache(*arguments):
-    """out, lse = flashgen::fwd_kvcache(*arguments) for validated arguments in its schema's
-    order."""
+def attention_with_kvcache(*arguments, variant: str = "", variant_tensors: tuple = ()):
+    """out, lse = flashgen::fwd_kvcache(*arguments, variant, *variant_tensors) for validated
+    arguments in its schema's order."""
+    arguments = (*arguments, variant, *_slots(variant_tensors))
     if _runs_plain_eager(t for t in arguments[:5] if t is not None):
         return decode.decode(*arguments)
     return torch.ops.flashgen.fwd_kvcache.default(*arguments)

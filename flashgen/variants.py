@@ -176,6 +176,27 @@ def prepare(name, variant_tensors, block_mask_: BlockMask | None, q, k, batch: i
                                  variant_tensors=tensors, mask_ranges=ranges)
 
 
+def prepare_decode(name, variant_tensors, q, k_cache, batch: int, seqlen_q: int, capacity: int,
+                   mask: str, mods: Modifiers) -> tuple[str, tuple[torch.Tensor, ...]]:
+    """(name, checked tensors) of a flash_attn_with_kvcache call with variant=name: a variant
+    built with decode kernels, its mask alone (no causal or window_size), its score modifier
+    alone (no softcap or ALiBi). Its tensors' seqlen_k is the cache's capacity."""
+    if name is None:
+        raise ValueError("flashgen: variant_tensors go with variant=\"<name>\"")
+    v = resolve(name)
+    if not v.decode:
+        raise DispatchError(f"flashgen: variant {v.name!r} has no decode kernels: set decode = "
+                            f"true in its [variants.{v.name}] table and run `flashgen generate`")
+    if v.mask_mod and mask != "none":
+        raise ValueError(f"flashgen: variant {v.name!r} has its own mask_mod; pass "
+                         f"causal=False and window_size=(-1, -1) (write causality into the "
+                         f"mask_mod)")
+    if v.score_mod and mods is not PLAIN:
+        raise NotImplementedError(f"flashgen: variant {v.name!r} has its own score_mod; "
+                                  f"softcap and alibi_slopes do not combine with it")
+    return v.name, check_tensors(v, variant_tensors, q, k_cache, batch, seqlen_q, capacity)
+
+
 def compute_mask_ranges(variant: Variant, q, k, tensors: tuple, varlen: tuple,
                         launcher: loader.Launcher) -> torch.Tensor:
     """Runs the variant's mask-range kernels (in launcher's library: every kernel of a variant

@@ -264,3 +264,28 @@ def test_a_per_head_block_mask_must_have_the_calls_heads():
                                                  rf"32, 32\), this call is \('head_window', 2, "
                                                  rf"4, 32, 32\)"):
                 variants.prepare(*call)
+
+
+def test_a_decode_variant_call_is_checked_before_any_kernel():
+    from codegen.score_mods import PLAIN, Modifiers
+    from flashgen import variants
+    from flashgen.dispatch import DispatchError
+
+    q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 128, 4, 64, dtype=torch.bfloat16)
+    ids = torch.zeros(2, 128, dtype=torch.int32)
+    name, tensors = variants.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128,
+                                            "none", PLAIN)
+    assert name == "document" and tensors[0].shape == (2, 128)
+    with pytest.raises(DispatchError, match=r"'prefix_lm' has no decode kernels"):
+        variants.prepare_decode("prefix_lm", {"prefix_len": ids[:, 0]}, q, k_cache, 2, 1, 128,
+                                "none", PLAIN)
+    with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):
+        variants.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128, "causal",
+                                PLAIN)
+    with pytest.raises(ValueError, match=r"seqlen_k\] = \(2, 128\)"):
+        variants.prepare_decode("document", {"doc_ids": ids[:, :5]}, q, k_cache, 2, 1, 128,
+                                "none", PLAIN)
+    with pytest.raises(NotImplementedError, match="own score_mod"):
+        variants.prepare_decode("relative_bias", {"bias": torch.zeros(4, 255)}, q, k_cache, 2, 1,
+                                128, "none", Modifiers(softcap=5.0))

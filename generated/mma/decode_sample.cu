@@ -2,6 +2,7 @@
 // Spec decode_mma_sm80_bf16_hd128_causal_m64n64w4s3: head_dim=128 mask=causal score_mod=none block_m=64 block_n=64 warps=4 kv_stages=3
 #include "flashgen/mma/decode_launch.cuh"
 
+
 namespace {
 using Traits = flashgen::FwdTraits<128, 64, 64, 4, 3, cutlass::bfloat16_t, false>;
 }  // namespace

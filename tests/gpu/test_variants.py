@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import flashgen
-from flashgen import backward, flash_attn_func, flash_attn_varlen_func, forward
+from flashgen import (backward, flash_attn_func, flash_attn_varlen_func,
+                      flash_attn_with_kvcache, forward)
 from flashgen.dispatch import DispatchError
 from flashgen.reference import assert_close_fa2, attention_ref
 from tests.gpu.test_backward import (assert_attention_matches_reference, assert_grads_close,
@@ -247,3 +248,83 @@ def test_bad_variant_arguments_name_what_is_wrong():
                         variant_tensors={"bias": bias.detach()})
     with pytest.raises(ValueError, match="go with variant="):
         flash_attn_func(q, k, v, variant_tensors={"doc_ids": ids})
+
+
+def decode_reference(q, cache, lengths, causal, visible=None, score_bias=None):
+    """fp32 and same-dtype references of flash_attn_with_kvcache per sequence: new token i of a
+    sequence of L keys sits at q_idx = L - seqlen_q + i. visible(b, q_idx, kv_idx) -> (sq, L)
+    bool, score_bias(q_idx, kv_idx) -> (heads, sq, L) fp32."""
+    k_all, v_all = cache.logical(cache.k), cache.logical(cache.v)
+    refs, lses, same = [], [], []
+    for b, length in enumerate(lengths):
+        q_idx = torch.arange(q.shape[1], device="cuda") + length - q.shape[1]
+        kv_idx = torch.arange(length, device="cuda")
+        kwargs = dict(causal=causal)
+        if visible is not None:
+            kwargs["visible"] = (visible(b, q_idx, kv_idx) & (q_idx >= 0)[:, None])[None, None]
+        if score_bias is not None:
+            kwargs["score_bias"] = score_bias(q_idx, kv_idx)[None]
+        args = (q[b:b + 1], k_all[b:b + 1, :length], v_all[b:b + 1, :length])
+        out, lse = attention_ref(*args, **kwargs)
+        refs.append(out)
+        lses.append(lse)
+        same.append(attention_ref(*args, upcast=False, **kwargs)[0])
+    return torch.cat(refs), torch.cat(lses), torch.cat(same)
+
+
+@pytest.mark.parametrize("seqlen_q", [1, 3])
+@pytest.mark.parametrize("num_splits", [0, 3], ids=["splits_chosen", "splits3"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_runs_a_variant_over_the_cache(head_dim, page_size, num_splits, seqlen_q):
+    """flash_attn_with_kvcache with document's mask and relative_bias's score modifier (their
+    tables set decode = true): a new token's q_idx is its position in its sequence; sequences
+    shorter than the new tokens (0 and 1 keys) leave the early tokens seeing nothing."""
+    from tests.gpu.test_kvcache import Cache, lengths_for
+
+    batch, capacity, heads, heads_kv = 5, 384, 8, 2
+    lengths = lengths_for(batch, capacity, 0)
+    cache = Cache(batch, capacity, heads_kv, head_dim, torch.bfloat16, lengths, page_size)
+    q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    doc_ids = document_ids(batch, capacity, documents=6)
+    bias = torch.randn(heads, 2 * capacity - 1, device="cuda")
+    center = (bias.shape[1] - 1) // 2
+    cases = [
+        ("document", {"doc_ids": doc_ids}, False,
+         dict(visible=lambda b, qi, ki: (ki[None, :] <= qi[:, None])
+              & (doc_ids[b, qi.clamp(min=0)][:, None] == doc_ids[b, ki][None, :]))),
+        ("relative_bias", {"bias": bias}, True,
+         dict(score_bias=lambda qi, ki: bias[:, (ki[None, :] - qi[:, None] + center)
+                                             .clamp(0, bias.shape[1] - 1)])),
+    ]
+    for variant, tensors, causal, reference in cases:
+        out, lse = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                           block_table=cache.block_table, causal=causal,
+                                           num_splits=num_splits, return_softmax_lse=True,
+                                           variant=variant, variant_tensors=tensors)
+        ref, ref_lse, same_dtype = decode_reference(q, cache, lengths, causal, **reference)
+        assert_close_fa2(out, ref, same_dtype, f"{variant} out")
+        assert_close_fa2(lse, ref_lse, ref_lse, f"{variant} lse", eps=1e-4)
+
+
+def test_decode_variant_bad_input_names_what_is_wrong():
+    q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k_cache = torch.randn(2, 128, 4, 64, device="cuda", dtype=torch.bfloat16)
+    ids = document_ids(2, 128)
+    with pytest.raises(DispatchError, match=r"'prefix_lm' has no decode kernels: set decode"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), variant="prefix_lm",
+                                variant_tensors={"prefix_len": ids[:, 0].contiguous()})
+    with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):
+        flash_attn_with_kvcache(torch.randn_like(q.expand(2, 3, 4, 64)), k_cache,
+                                k_cache.clone(), causal=True,
+                                variant="document", variant_tensors={"doc_ids": ids})
+    with pytest.raises(ValueError, match=r"must have shape \[batch, seqlen_k\] = \(2, 128\)"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), variant="document",
+                                variant_tensors={"doc_ids": ids[:, :64]})
+    with pytest.raises(NotImplementedError, match="own score_mod"):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), softcap=5.0,
+                                variant="relative_bias",
+                                variant_tensors={"bias": torch.zeros(4, 255, device="cuda")})
+    with pytest.raises(ValueError, match="go with variant="):
+        flash_attn_with_kvcache(q, k_cache, k_cache.clone(), variant_tensors={"doc_ids": ids})

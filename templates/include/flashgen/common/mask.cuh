@@ -158,6 +158,18 @@ struct WindowMask {
   }
 };
 
+// The policy a decode kernel runs for a spec's mask: the mask itself, bar a config-defined one
+// (common/variant.cuh maps it to a policy that reads no block ranges: decode computes none; and
+// likewise its score modifier, common/score_mod.cuh's DecodeScoreMod).
+template <class Mask>
+struct DecodeMask {
+  using type = Mask;
+};
+// Whether a decode kernel's mask may hide any key of any tile (a built-in mask's visible keys of
+// a token are one run that moves right with the token).
+template <class Mask>
+constexpr bool kMasksEveryTile = false;
+
 // Walks over a mask's block ranges that step over the tiles it has no visible element in (only
 // a policy with kSkipsBlocks tells such tiles apart inside its ranges; for the others these are
 // the plain ranges and steps). Every family's kernels walk with them.

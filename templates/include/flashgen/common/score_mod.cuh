@@ -105,6 +105,13 @@ struct ScoreBias {
   }
 };
 
+// The modifier a decode kernel runs for a spec's: the modifier itself, bar a config-defined one
+// (common/variant.cuh: its positions count the cached keys before the new tokens).
+template <class ScoreMod>
+struct DecodeScoreMod {
+  using type = ScoreMod;
+};
+
 // Applies the modifier to a partition of a score tile; coords holds each element's (row, col)
 // within the tile, whose first element is (row0, col0) of the sequence.
 template <class ScoreMod, class Scores, class Coords>

@@ -18,7 +18,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
+#include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/common/variant_tensor.cuh"
 
@@ -290,6 +292,76 @@ struct VariantScore {
   __device__ __forceinline__ float derivative(float modified, int row, int col) const {
     return isinf(modified) ? 0.f : variant.score_mod_grad(modified, batch, head, row, col);
   }
+};
+
+// The mask policy of a variant with a mask_mod in decode kernels (flash_attn_with_kvcache), which
+// compute no block ranges: every key up to the sequence's cache length is visited and every tile
+// runs the mask_mod, with q_idx the new token's position in the sequence (offset: the keys before
+// the first new token). Rows past the new tokens, and new tokens before the sequence's first key
+// (a cache shorter than the new tokens), see nothing: the mask_mod never sees them.
+template <class V>
+struct DecodeVariantMask {
+  static constexpr bool kHidesKeys = true;
+  static constexpr bool kSkipsBlocks = false;
+  static constexpr bool kPerHead = V::kPerHead;
+  V variant;
+  int batch;
+  int head = 0;
+  int seqlen_q;
+  int seqlen_k;
+  int offset;
+
+  __device__ __forceinline__ DecodeVariantMask(AttentionParams const& p, int batch, int seqlen_k,
+                                               int offset)
+      : variant(p), batch(batch), seqlen_q(p.seqlen_q), seqlen_k(seqlen_k), offset(offset) {}
+  __device__ __forceinline__ DecodeVariantMask for_head(int h) const {
+    DecodeVariantMask view = *this;
+    view.head = h;
+    return view;
+  }
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_begin(int /*first_row*/) const {
+    return 0;
+  }
+  template <int kBlockN>
+  __device__ __forceinline__ int key_block_end(int /*last_row*/) const {
+    return (seqlen_k + kBlockN - 1) / kBlockN;
+  }
+  __device__ __forceinline__ bool sees_from(int /*row*/, int /*col*/) const { return true; }
+  __device__ __forceinline__ bool visible(int row, int col) const {
+    return row < seqlen_q && row + offset >= 0 && col < seqlen_k &&
+           variant.mask_mod(batch, head, row + offset, col);
+  }
+};
+
+// A variant's score_mod in decode kernels: q_idx is the new token's position in the sequence
+// (offset: the sequence's keys before the first new token). A tile's scores outside the
+// sequence (padding rows and keys, tokens before its first key) are left alone, so the
+// score_mod never reads its tensors there; the mask hides them.
+template <class V>
+struct DecodeVariantScore : VariantScore<V> {
+  int seqlen_q;
+  int offset;
+
+  __device__ __forceinline__ DecodeVariantScore(AttentionParams const& p, int batch, int head,
+                                                int offset)
+      : VariantScore<V>(p, batch, head, offset), seqlen_q(p.seqlen_q), offset(offset) {}
+  __device__ __forceinline__ float apply(float score, int row, int col) const {
+    const int q_idx = row + offset;
+    if (row >= seqlen_q || q_idx < 0 || col >= seqlen_q + offset) return score;
+    return VariantScore<V>::apply(score, q_idx, col);
+  }
+};
+
+template <class V>
+struct DecodeMask<VariantMask<V>> {
+  using type = DecodeVariantMask<V>;
+};
+template <class V>
+constexpr bool kMasksEveryTile<DecodeVariantMask<V>> = true;
+template <class V>
+struct DecodeScoreMod<VariantScore<V>> {
+  using type = DecodeVariantScore<V>;
 };
 
 // Block (group, sequence x mask head), one warp per row, each lane a key of every 32: the group's first and

@@ -205,14 +205,19 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
           }
         }
       }
-      // The visible keys of a token are one run, which moves right with the token: a tile whose
-      // last key the first token sees and whose first key the last token sees needs no mask.
-      if (!mask.visible(first_token, (n_block + 1) * kBlockN - 1) ||
+      // A built-in mask's visible keys of a token are one run, which moves right with the
+      // token: a tile whose last key the first token sees and whose first key the last token
+      // sees needs no mask. A config-defined mask_mod may hide any key of any tile.
+      if (kMasksEveryTile<Mask> || !mask.visible(first_token, (n_block + 1) * kBlockN - 1) ||
           !mask.visible(last_token, n_block * kBlockN)) {
         CUTE_UNROLL
         for (int i = 0; i < size(acc_s); ++i) {
-          const int token = (row0 + get<0>(tScS(i))) / group;
-          if (!mask.visible(token, n_block * kBlockN + get<1>(tScS(i)))) acc_s(i) = -INFINITY;
+          const int packed_row = row0 + get<0>(tScS(i));
+          const int key = n_block * kBlockN + get<1>(tScS(i));
+          if (!mask.for_head(head_kv * group + packed_row % group).visible(packed_row / group,
+                                                                            key)) {
+            acc_s(i) = -INFINITY;
+          }
         }
       }
       softmax.update(acc_s, acc_o, p.scale_log2);

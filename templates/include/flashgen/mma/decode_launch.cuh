@@ -14,8 +14,10 @@
 
 namespace flashgen {
 
-template <class Traits, class Mask, class ScoreMod>
+template <class Traits, class SpecMask, class SpecScoreMod>
 cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
+  using Mask = typename DecodeMask<SpecMask>::type;
+  using ScoreMod = typename DecodeScoreMod<SpecScoreMod>::type;
   using Element = typename Traits::Element;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
   DecodeParams attention = p;
