@@ -44,8 +44,9 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
                                            + 2 * 3 * 2 * 4 + 32)
     # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes x 3 masks x 3 score modifiers;
-    # document's and relative_bias's (decode = true: 1 + 3 masks) of the same tiles
-    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 3 + 4 * 2 * 4
+    # document's, head_window's and relative_bias's (decode = true: 2 + 3 masks) of the same
+    # tiles
+    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 3 + 4 * 2 * 5
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 7 * 2 * 2 + 2 + 4
@@ -88,8 +89,8 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
     # the variants' 6 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
     # hopper forward and backward with dropout x 4 x 3 x 2; document's 5 with dropout x 2; the
-    # decode kernels (2 tiles) of document and relative_bias (4 masks) x 2 dtypes
-    assert "372 kernel(s)" in out
+    # decode kernels (2 tiles) of document, head_window and relative_bias (5 masks) x 2 dtypes
+    assert "376 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 

@@ -299,7 +299,8 @@ def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_pat
 
 def test_a_variants_decode_builds_its_decode_kernels(tmp_path):
     config = load_config(paths.DEFAULT_CONFIG)
-    assert [v.name for v in config.variants if v.decode] == ["document", "relative_bias"]
+    assert [v.name for v in config.variants if v.decode] == ["document", "head_window",
+                                                            "relative_bias"]
     assert config.variant("document").kinds == ("fwd", "bwd", "decode")
     assert config.variant("prefix_lm").kinds == ("fwd", "bwd")
     table = '[variants.v]\nmask_mod = "true"\ndecode = 1\n'

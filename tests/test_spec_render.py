@@ -35,12 +35,12 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # dropout = true: its kernels again with dropout.
     variants = (4 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
     document = 2 * (2 * 3 * 2 + 2 * 2)
-    # document's and relative_bias's tables set decode = true: the decode tiles (sm_80 1, sm_90
-    # 2 per head dim) x 2 head dims x 2 dtypes, for 1 + 3 masks
-    decode = (1 + 2) * 2 * 2 * 4
+    # document's, head_window's and relative_bias's tables set decode = true: the decode tiles
+    # (sm_80 1, sm_90 2 per head dim) x 2 head dims x 2 dtypes, for 2 + 3 masks
+    decode = (1 + 2) * 2 * 2 * 5
     assert len(specs) == built_in + variants + document + decode
     assert len({s.name for s in specs}) == len(specs)
-    sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2) + 2 * 2 * 2 * 4
+    sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2) + 2 * 2 * 2 * 5
     assert len([s for s in specs if s.arch == "sm_90"]) == (
         ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 12) * 2) * 4 + 24 * 3 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
@@ -86,10 +86,10 @@ def test_filters():
 def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 7 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
-    # head dims, document's twice (with dropout), and the decode kernels of document and
-    # relative_bias (4 masks x 2 dtypes x 2 archs x 2 head dims)
+    # head dims, document's twice (with dropout), and the decode kernels of document,
+    # head_window and relative_bias (5 masks x 2 dtypes x 2 archs x 2 head dims)
     assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 3) * 2 * 3 + (5 + 2) * 2 * 2 * 3 * 4
-                          + 8 * 2 * (2 * 2 + 2) * 2 + 4 * 2 * 2 * 2)
+                          + 8 * 2 * (2 * 2 + 2) * 2 + 5 * 2 * 2 * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}

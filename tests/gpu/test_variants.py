@@ -53,10 +53,15 @@ def prefix_lm_visible(prefix_len, seqlen: int):
     return ((kv_idx <= q_idx) | (kv_idx < prefix_len.view(-1, 1, 1)))[:, None]
 
 
+def head_window_mask(window, q_idx, kv_idx):
+    """(heads, len(q_idx), len(kv_idx)): what each head's query positions see."""
+    q_idx, kv_idx, window = q_idx.view(1, -1, 1), kv_idx.view(1, 1, -1), window.view(-1, 1, 1)
+    return (kv_idx <= q_idx) & ((window < 0) | (q_idx - kv_idx < window))
+
+
 def head_window_visible(window, seqlen: int):
-    q_idx, kv_idx = positions(seqlen)
-    window = window.view(-1, 1, 1)
-    return ((kv_idx <= q_idx) & ((window < 0) | (q_idx - kv_idx < window)))[None]
+    index = torch.arange(seqlen, device="cuda")
+    return head_window_mask(window, index, index)[None]
 
 
 def relative_bias_scores(bias, seqlen: int):
@@ -252,8 +257,8 @@ def test_bad_variant_arguments_name_what_is_wrong():
 
 def decode_reference(q, cache, lengths, causal, visible=None, score_bias=None):
     """fp32 and same-dtype references of flash_attn_with_kvcache per sequence: new token i of a
-    sequence of L keys sits at q_idx = L - seqlen_q + i. visible(b, q_idx, kv_idx) -> (sq, L)
-    bool, score_bias(q_idx, kv_idx) -> (heads, sq, L) fp32."""
+    sequence of L keys sits at q_idx = L - seqlen_q + i. visible(b, q_idx, kv_idx) -> (1 or
+    heads, sq, L) bool, score_bias(q_idx, kv_idx) -> (heads, sq, L) fp32."""
     k_all, v_all = cache.logical(cache.k), cache.logical(cache.v)
     refs, lses, same = [], [], []
     for b, length in enumerate(lengths):
@@ -261,7 +266,7 @@ def decode_reference(q, cache, lengths, causal, visible=None, score_bias=None):
         kv_idx = torch.arange(length, device="cuda")
         kwargs = dict(causal=causal)
         if visible is not None:
-            kwargs["visible"] = (visible(b, q_idx, kv_idx) & (q_idx >= 0)[:, None])[None, None]
+            kwargs["visible"] = (visible(b, q_idx, kv_idx) & (q_idx >= 0)[:, None])[None]
         if score_bias is not None:
             kwargs["score_bias"] = score_bias(q_idx, kv_idx)[None]
         args = (q[b:b + 1], k_all[b:b + 1, :length], v_all[b:b + 1, :length])
@@ -277,9 +282,10 @@ def decode_reference(q, cache, lengths, causal, visible=None, score_bias=None):
 @pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_decode_runs_a_variant_over_the_cache(head_dim, page_size, num_splits, seqlen_q):
-    """flash_attn_with_kvcache with document's mask and relative_bias's score modifier (their
-    tables set decode = true): a new token's q_idx is its position in its sequence; sequences
-    shorter than the new tokens (0 and 1 keys) leave the early tokens seeing nothing."""
+    """flash_attn_with_kvcache with document's and head_window's masks (per head: a tile's rows
+    are the query heads of a KV head) and relative_bias's score modifier (their tables set
+    decode = true): a new token's q_idx is its position in its sequence; sequences shorter than
+    the new tokens (0 and 1 keys) leave the early tokens seeing nothing."""
     from tests.gpu.test_kvcache import Cache, lengths_for
 
     batch, capacity, heads, heads_kv = 5, 384, 8, 2
@@ -288,12 +294,15 @@ def test_decode_runs_a_variant_over_the_cache(head_dim, page_size, num_splits, s
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=torch.bfloat16)
     seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     doc_ids = document_ids(batch, capacity, documents=6)
+    window = torch.tensor(HEAD_WINDOWS, dtype=torch.int32, device="cuda")
     bias = torch.randn(heads, 2 * capacity - 1, device="cuda")
     center = (bias.shape[1] - 1) // 2
     cases = [
         ("document", {"doc_ids": doc_ids}, False,
-         dict(visible=lambda b, qi, ki: (ki[None, :] <= qi[:, None])
-              & (doc_ids[b, qi.clamp(min=0)][:, None] == doc_ids[b, ki][None, :]))),
+         dict(visible=lambda b, qi, ki: ((ki[None, :] <= qi[:, None])
+              & (doc_ids[b, qi.clamp(min=0)][:, None] == doc_ids[b, ki][None, :]))[None])),
+        ("head_window", {"window": window}, False,
+         dict(visible=lambda b, qi, ki: head_window_mask(window, qi, ki))),
         ("relative_bias", {"bias": bias}, True,
          dict(score_bias=lambda qi, ki: bias[:, (ki[None, :] - qi[:, None] + center)
                                              .clamp(0, bias.shape[1] - 1)])),
