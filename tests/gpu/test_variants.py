@@ -6,6 +6,8 @@ varlen, deterministic gradients, dropout (document's table builds it), and bad i
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -275,6 +277,22 @@ def decode_reference(q, cache, lengths, causal, visible=None, score_bias=None):
         lses.append(lse)
         same.append(attention_ref(*args, upcast=False, **kwargs)[0])
     return torch.cat(refs), torch.cat(lses), torch.cat(same)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_score_mod_never_reads_past_the_sequence(head_dim, each_family):
+    """relative_bias's table holds exactly the distances of 600 x 600 positions, between rows of
+    NaN (its storage's first and last): a tile's padding rows and keys (600 is no multiple of a
+    tile) would index past it, and a NaN read there reaches dV through P of the padding rows."""
+    batch, seqlen, heads, heads_kv = 2, 600, 8, 2
+    q, k, v = make_qkv(batch, seqlen, seqlen, heads, heads_kv, head_dim, torch.bfloat16, False)
+    storage = torch.full((heads + 2, 2 * seqlen - 1), math.nan, device="cuda")
+    storage[1:-1] = torch.randn(heads, 2 * seqlen - 1, device="cuda")
+    bias = storage[1:-1]  # contiguous: the kernels read it in place
+    assert bias.is_contiguous()
+    reference = dict(causal=False, score_bias=relative_bias_scores(bias, seqlen))
+    assert_attention_matches_reference(q, k, v, reference, variant="relative_bias",
+                                       variant_tensors={"bias": bias})
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 3])

@@ -272,7 +272,9 @@ struct VariantMask {
 
 // The score modifier of a variant with a score_mod: it sees the scaled score, so the call's
 // scale_log2 is log2(e) alone (codegen/score_mods.py), and its gradient is by that score, the
-// backward's unit. A masked score (-inf) has P = 0 and gets no gradient.
+// backward's unit. A masked score (-inf) has P = 0 and gets no gradient. A tile's scores outside
+// the sequence (its padding rows and keys, which the mask hides) are left alone, so the snippets
+// never index their tensors past the sequence.
 template <class V>
 struct VariantScore {
   static constexpr bool kIdentity = false;
@@ -282,15 +284,23 @@ struct VariantScore {
   float scale;
   int batch;
   int head;
+  int seqlen_q;
+  int seqlen_k;
 
   __device__ __forceinline__ VariantScore(AttentionParams const& p, int batch, int head,
                                           int /*offset*/)
-      : variant(p), scale(p.softmax_scale), batch(batch), head(head) {}
+      : variant(p), scale(p.softmax_scale), batch(batch), head(head),
+        seqlen_q(p.cu_seqlens_q == nullptr ? p.seqlen_q
+                                           : p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]),
+        seqlen_k(p.cu_seqlens_k == nullptr ? p.seqlen_k
+                                           : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch]) {}
   __device__ __forceinline__ float apply(float score, int row, int col) const {
+    if (row >= seqlen_q || col >= seqlen_k) return score;
     return variant.score_mod(score * scale, batch, head, row, col);
   }
   __device__ __forceinline__ float derivative(float modified, int row, int col) const {
-    return isinf(modified) ? 0.f : variant.score_mod_grad(modified, batch, head, row, col);
+    if (isinf(modified) || row >= seqlen_q || col >= seqlen_k) return 0.f;
+    return variant.score_mod_grad(modified, batch, head, row, col);
   }
 };
 
@@ -340,16 +350,15 @@ struct DecodeVariantMask {
 // score_mod never reads its tensors there; the mask hides them.
 template <class V>
 struct DecodeVariantScore : VariantScore<V> {
-  int seqlen_q;
   int offset;
 
   __device__ __forceinline__ DecodeVariantScore(AttentionParams const& p, int batch, int head,
                                                 int offset)
-      : VariantScore<V>(p, batch, head, offset), seqlen_q(p.seqlen_q), offset(offset) {}
+      : VariantScore<V>(p, batch, head, offset), offset(offset) {}
   __device__ __forceinline__ float apply(float score, int row, int col) const {
     const int q_idx = row + offset;
-    if (row >= seqlen_q || q_idx < 0 || col >= seqlen_q + offset) return score;
-    return VariantScore<V>::apply(score, q_idx, col);
+    if (row >= this->seqlen_q || q_idx < 0 || col >= this->seqlen_q + offset) return score;
+    return this->variant.score_mod(score * this->scale, this->batch, this->head, q_idx, col);
   }
 };
 
