@@ -15,14 +15,16 @@ compile in, so a variant costs nothing where it is absent.
     # decode = true: decode kernels too, for flash_attn_with_kvcache (optional, default false)
 
 A snippet is a C++ expression, or a function body with its own `return`s. In scope: b (the
-sequence), h (the query head), q_idx and kv_idx (positions within the sequence), each tensor as
-an accessor (`name(i, j)`, `name.size(d)`), and for score_mod and score_mod_grad `score`: the
-scaled score q.k * softmax_scale for score_mod, the modified score for score_mod_grad, which
-returns d score_mod / d score ("1" for a bias: the backward then skips it). A mask_mod that reads
-h gets block masks per (sequence, query head), which cost heads times the memory and time to build
-(a sequence's heads share one otherwise). Tensor dims named batch, heads,
-heads_kv, seqlen_q or seqlen_k, written as numbers, or as such a name over a number (seqlen_q/128:
-the count of 128-row blocks, rounded up) are checked per call; other names are free.
+sequence), h (the query head), q_idx and kv_idx (positions within the sequence: in decode
+kernels a new token's q_idx counts the cached keys before it), each tensor as an accessor
+(`name(i, j)`, `name.size(d)`), and for score_mod and score_mod_grad `score`: the scaled score
+q.k * softmax_scale for score_mod, the modified score for score_mod_grad, which returns
+d score_mod / d score ("1" for a bias: the backward then skips it). Snippets are called at
+positions inside the sequence only. A mask_mod that reads h gets block masks per (sequence,
+query head), which cost heads times the memory and time to build (a sequence's heads share one
+otherwise). Tensor dims named batch, heads, heads_kv, seqlen_q or seqlen_k (in decode: the
+cache's capacity), written as numbers, or as such a name over a number (seqlen_q/128: the count
+of 128-row blocks, rounded up) are checked per call; other names are free.
 """
 
 from __future__ import annotations
