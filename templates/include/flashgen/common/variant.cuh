@@ -310,34 +310,24 @@ struct VariantScore {
 // the first new token). Rows past the new tokens, and new tokens before the sequence's first key
 // (a cache shorter than the new tokens), see nothing: the mask_mod never sees them.
 template <class V>
-struct DecodeVariantMask {
+struct DecodeVariantMask : NoMask {  // NoMask's key range: every key up to seqlen_k
   static constexpr bool kHidesKeys = true;
-  static constexpr bool kSkipsBlocks = false;
   static constexpr bool kPerHead = V::kPerHead;
   V variant;
   int batch;
   int head = 0;
   int seqlen_q;
-  int seqlen_k;
   int offset;
 
   __device__ __forceinline__ DecodeVariantMask(AttentionParams const& p, int batch, int seqlen_k,
                                                int offset)
-      : variant(p), batch(batch), seqlen_q(p.seqlen_q), seqlen_k(seqlen_k), offset(offset) {}
+      : NoMask(p, batch, seqlen_k, offset), variant(p), batch(batch), seqlen_q(p.seqlen_q),
+        offset(offset) {}
   __device__ __forceinline__ DecodeVariantMask for_head(int h) const {
     DecodeVariantMask view = *this;
     view.head = h;
     return view;
   }
-  template <int kBlockN>
-  __device__ __forceinline__ int key_block_begin(int /*first_row*/) const {
-    return 0;
-  }
-  template <int kBlockN>
-  __device__ __forceinline__ int key_block_end(int /*last_row*/) const {
-    return (seqlen_k + kBlockN - 1) / kBlockN;
-  }
-  __device__ __forceinline__ bool sees_from(int /*row*/, int /*col*/) const { return true; }
   __device__ __forceinline__ bool visible(int row, int col) const {
     return row < seqlen_q && row + offset >= 0 && col < seqlen_k &&
            variant.mask_mod(batch, head, row + offset, col);
