@@ -2,9 +2,10 @@
 the active config, checking the tensors it reads, and the block mask of a variant's mask_mod: which
 keys each group of 16 query rows may see, and which 16-key groups it sees some or all of
 (common/variant.cuh), per sequence, and per query head where the mask_mod reads h, computed on the
-GPU by evaluating mask_mod at every (query, key) pair. A call without a block mask computes it first (an
-O(seqlen_q * seqlen_k) pass); block_mask() computes it once for calls that share the variant's
-tensors and sizes, as FlexAttention's create_block_mask does."""
+GPU by evaluating mask_mod at every (query, key) pair. A call without a block mask computes it
+first (an O(seqlen_q * seqlen_k) pass); block_mask() computes it once for calls that share the
+variant's tensors and sizes, as FlexAttention's create_block_mask does. Decode calls
+(prepare_decode) compute none: their kernels run the mask_mod on every cached key."""
 
 from __future__ import annotations
 

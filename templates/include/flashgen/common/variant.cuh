@@ -5,13 +5,14 @@
 //
 // A predicate says nothing about which key blocks a query block may skip, so a call first runs
 // compute_mask_ranges (once per batch of inputs: flashgen.block_mask keeps the result): per
-// sequence (and query head, for a mask_mod that reads h: V::kPerHead) and group of 16 query rows, the range of keys it sees and two bitmaps over its groups
-// of 16 keys: those it sees any key of, and those it sees whole. A variant with skip_blocks
-// visits the tiles inside the range with a bit of the first set (a block-sparse mask's unlisted
-// blocks are never loaded) and masks those not wholly in the second (its listed blocks run
-// unmasked); groups of 16 divide every tile, so one block mask serves every family's tiles. One
-// without visits the whole range and masks the tiles outside the keys every row of the query
-// block sees (a run, for masks whose rows see one), which costs no bitmap reads per tile.
+// sequence (and query head, for a mask_mod that reads h: V::kPerHead) and group of 16 query
+// rows, the range of keys it sees and two bitmaps over its groups of 16 keys: those it sees any
+// key of, and those it sees whole. A variant with skip_blocks visits the tiles inside the range
+// with a bit of the first set (a block-sparse mask's unlisted blocks are never loaded) and masks
+// those not wholly in the second (its listed blocks run unmasked); groups of 16 divide every
+// tile, so one block mask serves every family's tiles. One without visits the whole range and
+// masks the tiles outside the keys every row of the query block sees (a run, for masks whose
+// rows see one), which costs no bitmap reads per tile.
 #pragma once
 
 #include <climits>
@@ -363,10 +364,11 @@ struct DecodeScoreMod<VariantScore<V>> {
   using type = DecodeVariantScore<V>;
 };
 
-// Block (group, sequence x mask head), one warp per row, each lane a key of every 32: the group's first and
-// end key, the run of keys all its rows see (a row whose count fills its span sees a run), and
-// its two bitmaps, gathered in shared memory from each warp's ballots (a key group is wholly
-// seen when every row of the group inside the sequence sees each of its keys inside it).
+// Block (group, sequence x mask head), one warp per row, each lane a key of every 32: the
+// group's first and end key, the run of keys all its rows see (a row whose count fills its span
+// sees a run), and its two bitmaps, gathered in shared memory from each warp's ballots (a key
+// group is wholly seen when every row of the group inside the sequence sees each of its keys
+// inside it).
 template <class V>
 __global__ void __launch_bounds__(32 * kMaskRangeRows)
     mask_rows_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
@@ -430,8 +432,9 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   *reinterpret_cast<MaskRange*>(entry) = range;
 }
 
-// Block per sequence (and mask head): the first keys as minima over later groups, the ends as maxima over earlier
-// ones, each first at most its end (a group that sees nothing then visits nothing).
+// Block per sequence (and mask head): the first keys as minima over later groups, the ends as
+// maxima over earlier ones, each first at most its end (a group that sees nothing then visits
+// nothing).
 constexpr int kScanThreads = 1024;
 
 template <class Op>
