@@ -1,6 +1,7 @@
 """Calls flashgen's forward and backward over several specialisations at odd sizes, for
 compute-sanitizer; with --forward-only, the forward alone (no backward kernels need building);
-with --head-dims 64,128 only those head dims' specs.
+with --head-dims 64,128 only those head dims' specs; with --dtype bf16 (or fp16) every spec in that
+dtype.
 Checks each result too, so a clean report also means a right answer. The references run on the
 CPU: under racecheck a cuBLAS kernel hit a hardware exception the sanitizer could not handle."""
 
@@ -27,6 +28,9 @@ forward_only = "--forward-only" in sys.argv[1:]
 if "--head-dims" in sys.argv[1:]:
     wanted = {int(d) for d in sys.argv[sys.argv.index("--head-dims") + 1].split(",")}
     SPECS = [(dtype, head_dim) for dtype, head_dim in SPECS if head_dim in wanted]
+if "--dtype" in sys.argv[1:]:
+    only = {"bf16": torch.bfloat16, "fp16": torch.float16}[sys.argv[sys.argv.index("--dtype") + 1]]
+    SPECS = [(only, head_dim) for _, head_dim in SPECS]
 torch.manual_seed(0)
 calls = 0
 for (dtype, head_dim), causal, (batch, seqlen_q, seqlen_k, heads, heads_kv) in itertools.product(

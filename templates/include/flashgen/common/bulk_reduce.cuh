@@ -1,7 +1,10 @@
-// Hopper's bulk reduce-add (the TMA engine, no tensor map): a contiguous span of fp32 in shared
-// memory added to global memory by one instruction, asynchronously. The backward adds each
-// step's dQ to the fp32 workspace this way: the copy engine does the adds while the warps
-// compute the next step, instead of every thread queueing atomics on the load/store unit.
+// Hopper's reductions into fp32 global memory, for the backwards' dQ workspace:
+// - the bulk reduce-add (the TMA engine, no tensor map): a contiguous span of fp32 in shared
+//   memory added by one instruction, asynchronously. The mma backward stages each step's dQ rows
+//   and adds them this way (its threads hold column pairs: 8-byte atomics queued on the
+//   load/store unit cost more than the staging);
+// - the 16-byte vector reduction, which the hopper backward issues straight from registers: its
+//   workspace is in register order, so a warp's adds are 512 contiguous bytes.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +38,18 @@ __device__ __forceinline__ void bulk_add_f32(float* global, const float* shared,
 __device__ __forceinline__ void wait_bulk_reads() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+#endif
+}
+
+// global[0, 4) += (a, b, c, d), fp32, by one 16-byte reduction in L2 (global 16-byte aligned). No
+// result comes back, so the thread goes on at once.
+__device__ __forceinline__ void add_f32x4(float* global, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(global), "f"(a), "f"(b),
+               "f"(c), "f"(d)
+               : "memory");
+#else
+  __trap();  // vector reductions need sm_90
 #endif
 }
 

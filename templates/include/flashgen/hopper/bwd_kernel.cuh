@@ -7,8 +7,8 @@
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
 //   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
-// and adds its dQ share to the fp32 workspace with one bulk reduce-add (the copy engine does the
-// adds while the warps go on). bwd_aux.cuh prepares lse and D before and converts dQ after.
+// and adds its dQ share to the fp32 workspace by 16-byte reductions from registers (a deterministic
+// run: in turn, by one bulk reduce-add of the share staged in shared memory). bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -244,8 +244,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{})));
   Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{});
   static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
-  // Two staging buffers per consumer, used in turn: a step's add reads one while the next step
-  // writes the other.
+  // A deterministic run's two staging buffers per consumer, used in turn: a step's bulk add reads
+  // one while the next step writes the other.
   float* const dq_staging = smem.dq + consumer * 2 * Traits::kDqFloats;
 
   clear(tdVrdV);
@@ -364,21 +364,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pipeline_do.consumer_release(do_state);
     ++do_state;
 
-    // dQ's share -> staging, 16 bytes per thread per store in register order -> one bulk add.
-    // This buffer's last add (two steps ago) has read it: its issuing thread waited for that at
-    // the end of the last step, before this step's dS barrier.
-    float* const dq_staged = dq_staging + (step & 1) * Traits::kDqFloats;
-    CUTE_UNROLL
-    for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-      reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
-          make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-    }
-    fence_for_bulk_copies();
-    named_sync(kDqStagedBarrier + consumer, 128);
-    if (thread == 0) {
-      float* dq_accum = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-                        consumer * Traits::kDqFloats;
-      if (deterministic) {
+    // dQ's share -> the fp32 workspace, 16 bytes per thread per add, in register order (the
+    // layout bwd_aux.cuh converts from). By default each thread adds its pieces straight from
+    // registers (16-byte reductions, a warp's 512 contiguous bytes at a time): no shared memory
+    // traffic and no barrier. A deterministic run adds a consumer's share in the query block's
+    // turn, as one bulk add that thread 0 issues once the share is staged.
+    float* const dq_accum = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
+                            consumer * Traits::kDqFloats;
+    if (!deterministic) {
+      CUTE_UNROLL
+      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
+        add_f32x4(dq_accum + (j * 128 + thread) * 4, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                  tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      }
+    } else {
+      // This buffer's last add (two steps ago) has read it: its issuing thread waited for that
+      // at the end of the last step, before this step's dS barrier.
+      float* const dq_staged = dq_staging + (step & 1) * Traits::kDqFloats;
+      CUTE_UNROLL
+      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
+        reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      }
+      fence_for_bulk_copies();
+      named_sync(kDqStagedBarrier + consumer, 128);
+      if (thread == 0) {
         int* turn = p.dq_semaphore +
                     (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
         const int mine = work.dq_turn(mask, m_block);
@@ -389,11 +399,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
         passed_turn = turn;
         passed_value = mine + 1;
-      } else {
-        bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
+        // The other buffer, written next step: the add before this one has read it.
+        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       }
-      // The other buffer, written next step: the add before this one has read it.
-      asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);
