@@ -369,12 +369,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // registers (16-byte reductions, a warp's 512 contiguous bytes at a time): no shared memory
     // traffic and no barrier. A deterministic run adds a consumer's share in the query block's
     // turn, as one bulk add that thread 0 issues once the share is staged.
-    float* const dq_accum = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-                            consumer * Traits::kDqFloats;
+    auto dq_share = [&] {
+      return p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
+             consumer * Traits::kDqFloats;
+    };
     if (!deterministic) {
+      float* const dq_accum = dq_share() + thread * 4;
       CUTE_UNROLL
       for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-        add_f32x4(dq_accum + (j * 128 + thread) * 4, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+        add_f32x4(dq_accum + j * 128 * 4, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
                   tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
       }
     } else {
@@ -396,7 +399,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         do {
           asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
         } while (seen != mine);
-        bulk_add_f32(dq_accum, dq_staged, Traits::kDqFloats * 4);
+        bulk_add_f32(dq_share(), dq_staged, Traits::kDqFloats * 4);
         passed_turn = turn;
         passed_value = mine + 1;
         // The other buffer, written next step: the add before this one has read it.
