@@ -11,7 +11,10 @@ flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, s
 of the same values, each in its own native layout. The document and block-sparse cases run the
 default config's `document` and `block_sparse` variants with their block masks built once
 outside the timing, as Flex's are. The block-sparse layout is BigBird's: each 128-block of
-queries sees the first key block, its neighbours and RANDOM_BLOCKS random others.
+queries sees the first key block, its neighbours and RANDOM_BLOCKS random others. The per-head
+windows case runs `head_window` with DuoAttention's split: odd heads a causal window of WINDOW
+keys (streaming heads), even heads the whole prefix; both sides build per-head block masks. The
+relative bias case runs `relative_bias` (a score modifier reading a per-head table by distance).
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ SPARSE_BLOCK = 128  # the block_sparse variant's block size
 RANDOM_BLOCKS = 3
 CASES = ("causal", f"window {WINDOW}", f"softcap {SOFTCAP:g}", "alibi",
          f"document mask ({DOCUMENTS} docs)", "window wider than the sequence",
-         f"dropout {DROPOUT:g}", "block-sparse (BigBird, not causal)")
+         f"dropout {DROPOUT:g}", "block-sparse (BigBird, not causal)",
+         f"per-head windows ({WINDOW} on odd heads)", "relative bias (T5)")
 SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 
 
 class Inputs:
-    """What a case's calls share beyond q, k, v: ALiBi's slopes, the documents' ids and the
-    block-sparse layout."""
+    """What a case's calls share beyond q, k, v: ALiBi's slopes, the documents' ids, the
+    block-sparse layout, the per-head windows and the relative-position bias table."""
 
     def __init__(self, batch: int, heads: int, seqlen: int):
         import torch
@@ -62,6 +66,8 @@ class Inputs:
             picks = torch.randint(blocks, (blocks, RANDOM_BLOCKS), generator=generator)
             layout[b, rows.view(-1, 1), picks] = 1
         self.layout = layout.cuda()
+        self.bias = (0.5 * torch.randn(heads, 2 * seqlen - 1, generator=generator)).cuda()
+        self.windows = torch.where(torch.arange(heads) % 2 == 1, WINDOW, -1).int().cuda()
 
 
 def _flashgen(case: str, inputs: Inputs, q, k):
@@ -86,6 +92,12 @@ def _flashgen(case: str, inputs: Inputs, q, k):
         tensors = {"layout": inputs.layout}
         kwargs = {"variant": "block_sparse", "variant_tensors": tensors,
                   "block_mask": flashgen.block_mask("block_sparse", q, k, tensors)}
+    elif case.startswith("relative bias"):
+        kwargs.update(variant="relative_bias", variant_tensors={"bias": inputs.bias})
+    elif case.startswith("per-head windows"):
+        tensors = {"window": inputs.windows}
+        kwargs = {"variant": "head_window", "variant_tensors": tensors,
+                  "block_mask": flashgen.block_mask("head_window", q, k, tensors)}
     return lambda q, k, v: flash_attn_func(q, k, v, **kwargs)
 
 
@@ -110,6 +122,11 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
     def block_sparse(b, h, q_idx, kv_idx):
         return layout[b, q_idx // SPARSE_BLOCK, kv_idx // SPARSE_BLOCK] != 0
 
+    windows = inputs.windows
+
+    def head_window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ((windows[h] < 0) | (q_idx - kv_idx < windows[h]))
+
     mask_mod = causal
     if case.startswith("window ") and "wider" not in case:
         mask_mod = window
@@ -117,6 +134,8 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
         mask_mod = document
     elif case.startswith("block-sparse"):
         mask_mod = block_sparse
+    elif case.startswith("per-head windows"):
+        mask_mod = head_window
     block_mask = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device="cuda")
     score_mod = None
     if case.startswith("softcap"):
@@ -127,6 +146,11 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
 
         def score_mod(score, b, h, q_idx, kv_idx):
             return score - slopes[h] * (q_idx - kv_idx).abs()
+    elif case.startswith("relative bias"):
+        bias, middle = inputs.bias, (inputs.bias.shape[1] - 1) // 2
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h, kv_idx - q_idx + middle]
     # A fresh compile per case: one compiled function over every case's masks and score mods
     # would hit dynamo's recompile limit and fall back to the unfused implementation.
     torch._dynamo.reset()
