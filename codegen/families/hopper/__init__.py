@@ -12,8 +12,8 @@ causal mask.
 The backward (FlashAttention-2's algorithm on the same units): one thread block per block_n keys
 of a (batch, KV head), K and V held in shared memory and dK, dV in the consumer warpgroups'
 registers (64 keys each), Q and dO of each query block of the group's heads streamed by TMA
-through rings of q_stages buffers, dQ added to an fp32 workspace by the copy engine's bulk
-reduce-add. Dense batches only: a variable-length batch's gradients run on the mma family.
+through rings of q_stages buffers, dQ added to an fp32 workspace by 16-byte reductions from
+registers (deterministic: in turn, by the copy engine's bulk reduce-add). Dense batches only: a variable-length batch's gradients run on the mma family.
 Templates in templates/hopper/, headers in templates/include/flashgen/hopper/; resources.py
 mirrors their budgets.
 """
@@ -43,7 +43,7 @@ class BwdTile(Tile):
     block_m: int    # query rows per step (64 or 128)
     block_n: int    # keys per thread block, 64 per consumer warpgroup (64 or 128)
     q_stages: int   # Q and dO tiles in flight in the TMA rings (>= 1)
-    dq_before_dk: bool  # dQ's GEMM goes ahead of dK's, whose run hides dQ's staging
+    dq_before_dk: bool  # dQ's GEMM goes ahead of dK's, whose run hides the issue of dQ's adds
 
 
 def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:

@@ -80,8 +80,8 @@ BACKWARD_REGISTER_OVERHEAD = 16
 
 
 def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int) -> int:
-    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (two buffers of block_m x
-    head_dim), each stage's lse and D, and the barriers."""
+    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging for deterministic runs (two
+    buffers of block_m x head_dim), each stage's lse and D, and the barriers."""
     kv = 2 * _align(block_n * head_dim * ELEMENT_BYTES)
     rings = 2 * _align(q_stages * block_m * head_dim * ELEMENT_BYTES)
     ds = _align(2 * block_m * block_n * ELEMENT_BYTES)
