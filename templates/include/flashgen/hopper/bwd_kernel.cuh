@@ -7,8 +7,9 @@
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
 //   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
-// and adds its dQ share to the fp32 workspace by 16-byte reductions from registers (a deterministic
-// run: in turn, by one bulk reduce-add of the share staged in shared memory). bwd_aux.cuh prepares lse and D before and converts dQ after.
+// and adds its dQ share to the fp32 workspace by 16-byte reductions from registers (a
+// deterministic run: in turn, by one bulk reduce-add of the share staged in shared memory).
+// bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
