@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import jinja2
@@ -59,13 +61,18 @@ def _variant_context(spec: KernelSpec) -> dict:
 
 
 def write_if_changed(path: Path, text: str) -> bool:
-    """Writes only when the content differs, so ninja and git see no change otherwise."""
+    """Writes only when the content differs, so ninja and git see no change otherwise. The new
+    text goes to a temporary file of its own first and replaces the old in one step, so that
+    concurrent renders into one directory (two `flashgen generate` runs sharing a cache) never
+    meet a half-written file or each other's temporary."""
     if path.is_file() and path.read_text() == text:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
+                                     suffix=".tmp", delete=False) as tmp:
+        tmp.write(text)
+    os.chmod(tmp.name, 0o644)  # a source file's usual mode, not the temporary's private 0600
+    Path(tmp.name).replace(path)
     return True
 
 

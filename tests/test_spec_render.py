@@ -129,6 +129,20 @@ def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, spe
     assert render.render_tree(specs, tmp_path) == [stale] and not stale.exists()
 
 
+def test_concurrent_renders_into_one_directory_do_not_collide(tmp_path):
+    """Two `flashgen generate` runs sharing a cache render into one directory at once: each write
+    goes through a temporary file of its own, so none fails and the file ends whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "hopper" / "bwd_sample.cu"
+    texts = [f"// writer {i}\n" * 2000 for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(20):
+            list(pool.map(lambda text: render.write_if_changed(path, text), texts))
+    assert path.read_text() in texts
+    assert [p.name for p in path.parent.iterdir()] == ["bwd_sample.cu"]  # no temporary left
+
+
 def test_the_manifest_lists_every_spec(tmp_path, specs):
     import json
 
