@@ -46,12 +46,12 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   }
 }
 
-// The workspace holds, per (batch, head, query block), each consumer's dQ share (64 rows x
-// kDqCols) as its 128 threads' accumulator registers, 16 bytes per thread in turn (bwd_kernel's
-// staging). One block converts one query block: float4 i of a share is register group j = i / 128
-// of thread t = i % 128, which holds rows r and r + 8, columns c and c + 1 (wgmma's accumulator
-// layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j columns 8 j + 2 (l % 4) (+ 1)).
-// The block puts them in place in shared memory, then writes whole rows, 16 bytes per thread.
+// The workspace holds, per (batch, head, query block), each consumer's dQ share (64 rows x kDqCols)
+// as its 128 threads' accumulator registers, 16 bytes per thread in turn (the order of bwd_kernel's
+// adds). One block converts one query block: float4 i of a share is register group j = i / 128 of
+// thread t = i % 128, which holds rows r and r + 8, columns c and c + 1 (wgmma's accumulator
+// layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j columns 8 j + 2 (l % 4) (+ 1)). The
+// block puts them in place in shared memory, then writes whole rows, 16 bytes per thread.
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdParams p) {
   using Element = typename Traits::Element;

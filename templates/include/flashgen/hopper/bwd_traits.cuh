@@ -18,8 +18,8 @@ namespace flashgen::hopper {
 // of S^T = K Q^T and dP^T = V dO^T (keys as the GEMMs' M, so that P^T and dS^T are in registers
 // as the A operands of dV += P^T dO and dK += dS^T Q), and a share of dQ = dS K: 64 query rows
 // each where kBlockM = 64 x consumers, else (kBlockM = 64) a share of the head dim's columns.
-// kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share is staged; it
-// holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
+// kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share's adds issue;
+// it holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDqBeforeDk_,
           class Element_>
 struct BwdTraits {
@@ -107,7 +107,8 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    alignas(128) float dq[kConsumers * 2 * kDqFloats];  // two staging buffers per consumer
+    // A deterministic run's two staging buffers per consumer (bwd_kernel's bulk adds).
+    alignas(128) float dq[kConsumers * 2 * kDqFloats];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
     alignas(16) float d[kStages * kBlockM];         // each dO stage's rows' rowsum(dO * O)
     typename PipelineQ::SharedStorage pipeline_q;
