@@ -6,7 +6,7 @@ compile in, so a variant costs nothing where it is absent.
 
     [variants.document]
     tensors = { doc_ids = "int32[batch, seqlen_k]" }   # name = "dtype[dims]", at most 4
-    mask_mod = "doc_ids(b, q_idx) == doc_ids(b, kv_idx) && kv_idx <= q_idx"
+    mask_mod = "(doc_ids(b, q_idx) == doc_ids(b, kv_idx)) & (kv_idx <= q_idx)"
     head_dims = [64, 128]                              # optional: which head dims build it
     # skip_blocks = true: the mask's visible keys per row may have holes (block-sparse); kernels
     # then skip the tiles inside a row's key range that it hides (optional, default false)
@@ -25,6 +25,12 @@ query head), which cost heads times the memory and time to build (a sequence's h
 otherwise). Tensor dims named batch, heads, heads_kv, seqlen_q or seqlen_k (in decode: the
 cache's capacity), written as numbers, or as such a name over a number (seqlen_q/128: the count
 of 128-row blocks, rounded up) are checked per call; other names are free.
+
+Snippets run on every element of a masked tile (a score_mod on every score): join a mask's
+conditions with & and |, not && and ||. Then no branch splits a tile's elements, and the compiler
+issues the tensor reads together and once per value a thread's elements share (a row's, a
+column's); the short-circuit forms give each element its own branch and wait. A tensor read is
+clamped into the tensor, so a read that a && would have guarded is safe to evaluate.
 """
 
 from __future__ import annotations

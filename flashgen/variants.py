@@ -124,6 +124,9 @@ def check_tensors(variant: Variant, tensors, q, k, batch: int, seqlen_q: int,
             raise ValueError(f"flashgen: {where} must have shape [{', '.join(declared.dims)}] = "
                              f"{tuple('*' if e is None else e for e in expected)}, got "
                              f"{tuple(t.shape)}")
+        if not 0 < t.numel() < 2**31:
+            raise ValueError(f"flashgen: {where} has {t.numel()} elements; kernels index a "
+                             f"variant tensor with 32-bit offsets: 1 to 2^31 - 1 elements")
         if t.requires_grad and torch.is_grad_enabled():
             raise ValueError(f"flashgen: {where} requires grad, but variant tensors get no "
                              f"gradient; pass it detached (.detach())")

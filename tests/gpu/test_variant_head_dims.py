@@ -1,8 +1,10 @@
 """A user adds a config-defined variant at head dims 96 and 256 (the default config builds its
 examples at 64 and 128), runs `flashgen generate`, and the variant's forward and gradients match
 the fp32 reference on every family: a document mask and a relative-position bias in one table,
-GQA, odd lengths. At these head dims the hopper family runs the forward and the mma family the
-backward (the hopper backward has tables for 64 and 128)."""
+GQA, odd lengths. Its mask_mod is written with && (the shipped snippets use &, which runs
+branch-free), so the short-circuit form stays tested too. At these head dims the hopper family
+runs the forward and the mma family the backward (the hopper backward has tables for 64 and
+128)."""
 
 from __future__ import annotations
 

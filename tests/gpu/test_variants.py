@@ -250,6 +250,9 @@ def test_bad_variant_arguments_name_what_is_wrong():
     bias = torch.zeros(4, 127, device="cuda", requires_grad=True)
     with pytest.raises(ValueError, match="requires grad"):
         flash_attn_func(q, k, v, variant="relative_bias", variant_tensors={"bias": bias})
+    with pytest.raises(ValueError, match=r"'bias' has 0 elements; .* 1 to 2\^31 - 1 elements"):
+        flash_attn_func(q, k, v, variant="relative_bias",
+                        variant_tensors={"bias": bias.detach()[:, :0]})
     with pytest.raises(NotImplementedError, match="own score_mod"):
         flash_attn_func(q, k, v, softcap=5.0, variant="relative_bias",
                         variant_tensors={"bias": bias.detach()})

@@ -240,9 +240,12 @@ struct VariantMask {
       return n_block * kBlockN < all_see_first || (n_block + 1) * kBlockN - 1 > all_see_last;
     }
   }
-  // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them.
+  // Rows past the sequence (a tile's padding) see nothing, and the mask_mod never sees them: it
+  // runs on the nearest position inside, its answer dropped, so no branch splits the tile's
+  // elements (the compiler then loads the snippet's reads for all of them together).
   __device__ __forceinline__ bool visible(int row, int col) const {
-    return row < seqlen_q && col < seqlen_k && variant.mask_mod(batch, head, row, col);
+    const bool inside = (row < seqlen_q) & (col < seqlen_k);
+    return inside & variant.mask_mod(batch, head, min(row, seqlen_q - 1), min(col, seqlen_k - 1));
   }
   // One row group's seen bitmap over a kBlockN-key tile, what visible_by_groups() reads, and
   // whether each of the tile's 16 x 16 groups in the row group is wholly seen or unseen (the
@@ -274,8 +277,9 @@ struct VariantMask {
 // The score modifier of a variant with a score_mod: it sees the scaled score, so the call's
 // scale_log2 is log2(e) alone (codegen/score_mods.py), and its gradient is by that score, the
 // backward's unit. A masked score (-inf) has P = 0 and gets no gradient. A tile's scores outside
-// the sequence (its padding rows and keys, which the mask hides) are left alone, so the snippets
-// never index their tensors past the sequence.
+// the sequence (its padding rows and keys, which the mask hides) are left alone; the snippets run
+// there on the nearest position inside, their answer dropped, so they never index their tensors
+// past the sequence and no branch splits the tile (as VariantMask::visible).
 template <class V>
 struct VariantScore {
   static constexpr bool kIdentity = false;
@@ -295,13 +299,18 @@ struct VariantScore {
                                            : p.cu_seqlens_q[batch + 1] - p.cu_seqlens_q[batch]),
         seqlen_k(p.cu_seqlens_k == nullptr ? p.seqlen_k
                                            : p.cu_seqlens_k[batch + 1] - p.cu_seqlens_k[batch]) {}
+  __device__ __forceinline__ bool inside(int row, int col) const {
+    return (row < seqlen_q) & (col < seqlen_k);
+  }
   __device__ __forceinline__ float apply(float score, int row, int col) const {
-    if (row >= seqlen_q || col >= seqlen_k) return score;
-    return variant.score_mod(score * scale, batch, head, row, col);
+    const float modified = variant.score_mod(score * scale, batch, head, min(row, seqlen_q - 1),
+                                             min(col, seqlen_k - 1));
+    return inside(row, col) ? modified : score;
   }
   __device__ __forceinline__ float derivative(float modified, int row, int col) const {
-    if (isinf(modified) || row >= seqlen_q || col >= seqlen_k) return 0.f;
-    return variant.score_mod_grad(modified, batch, head, row, col);
+    const float gradient = variant.score_mod_grad(modified, batch, head, min(row, seqlen_q - 1),
+                                                  min(col, seqlen_k - 1));
+    return inside(row, col) & !isinf(modified) ? gradient : 0.f;
   }
 };
 
@@ -309,7 +318,8 @@ struct VariantScore {
 // compute no block ranges: every key up to the sequence's cache length is visited and every tile
 // runs the mask_mod, with q_idx the new token's position in the sequence (offset: the keys before
 // the first new token). Rows past the new tokens, and new tokens before the sequence's first key
-// (a cache shorter than the new tokens), see nothing: the mask_mod never sees them.
+// (a cache shorter than the new tokens), see nothing: the mask_mod never sees them (it runs on the
+// nearest position inside, its answer dropped, as in VariantMask::visible).
 template <class V>
 struct DecodeVariantMask : NoMask {  // NoMask's key range: every key up to seqlen_k
   static constexpr bool kHidesKeys = true;
@@ -330,15 +340,16 @@ struct DecodeVariantMask : NoMask {  // NoMask's key range: every key up to seql
     return view;
   }
   __device__ __forceinline__ bool visible(int row, int col) const {
-    return row < seqlen_q && row + offset >= 0 && col < seqlen_k &&
-           variant.mask_mod(batch, head, row + offset, col);
+    const bool inside = (row < seqlen_q) & (row + offset >= 0) & (col < seqlen_k);
+    const int q_idx = max(0, min(row, seqlen_q - 1) + offset);
+    return inside & variant.mask_mod(batch, head, q_idx, max(0, min(col, seqlen_k - 1)));
   }
 };
 
 // A variant's score_mod in decode kernels: q_idx is the new token's position in the sequence
 // (offset: the sequence's keys before the first new token). A tile's scores outside the
-// sequence (padding rows and keys, tokens before its first key) are left alone, so the
-// score_mod never reads its tensors there; the mask hides them.
+// sequence (padding rows and keys, tokens before its first key) are left alone (the score_mod
+// runs on the nearest position inside, its answer dropped); the mask hides them.
 template <class V>
 struct DecodeVariantScore : VariantScore<V> {
   int offset;
@@ -347,9 +358,12 @@ struct DecodeVariantScore : VariantScore<V> {
                                                 int offset)
       : VariantScore<V>(p, batch, head, offset), offset(offset) {}
   __device__ __forceinline__ float apply(float score, int row, int col) const {
-    const int q_idx = row + offset;
-    if (row >= this->seqlen_q || q_idx < 0 || col >= this->seqlen_q + offset) return score;
-    return this->variant.score_mod(score * this->scale, this->batch, this->head, q_idx, col);
+    const int keys = this->seqlen_q + offset;  // the sequence's keys: up to the last new token
+    const bool inside = (row < this->seqlen_q) & (row + offset >= 0) & (col < keys);
+    const float modified = this->variant.score_mod(
+        score * this->scale, this->batch, this->head,
+        max(0, min(row, this->seqlen_q - 1) + offset), max(0, min(col, keys - 1)));
+    return inside ? modified : score;
   }
 };
 
@@ -388,8 +402,9 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
   int first = INT_MAX, last = -1, count = 0;
   for (int col0 = 0; col0 < seq.seqlen_k; col0 += 32) {  // every lane of the warp, for the ballot
     const int col = col0 + lane;
-    const bool visible = row_inside && col < seq.seqlen_k &&
-                         variant.mask_mod(batch, head, row, col);
+    const bool visible = row_inside & (col < seq.seqlen_k) &
+                         variant.mask_mod(batch, head, min(row, seq.seqlen_q - 1),
+                                          min(col, seq.seqlen_k - 1));
     if (visible) {
       first = min(first, col);
       last = col;
