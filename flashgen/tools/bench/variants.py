@@ -257,9 +257,9 @@ def markdown(result: dict, command: str) -> str:
             if peer == "flashgen":
                 continue
             ratio = _ratio(row, peer)
+            theirs_ms = f"{theirs['ms']:.3f}" if "ms" in theirs else "fails (results.json)"
             lines.append(f"| {row['head_dim']} | {row['mode']} | {row['case']} | "
-                         f"{ours.get('ms', float('nan')):.3f} | {peer} | "
-                         f"{theirs.get('ms', float('nan')):.3f} | "
+                         f"{ours.get('ms', float('nan')):.3f} | {peer} | {theirs_ms} | "
                          f"{'' if ratio is None else f'{ratio:.2f}x'} |")
     return "\n".join(lines) + "\n"
 
