@@ -25,6 +25,8 @@ Layout of the file (see configs/default.toml):
     block_n = 128                       # differ for that mask's kernels (same count of kernels)
     [[mma.sm_90.head_dim.128.causal.alt_tiles]]  # optional: that mask's alt tiles, in place of
     block_m = 64                                 # the head dim's
+    [hopper.sm_90.head_dim.64.mask_mod] # optional: the same for the kernels of every config-
+    block_m = 128                       # defined mask (a [variants.<name>] with a mask_mod)
     ...
 
 Each family (codegen/families/) says which kinds of kernel a head-dim table holds, under which
@@ -47,6 +49,9 @@ from codegen.variants import Variant, parse_variants
 DTYPES = ("fp16", "bf16")
 MAX_HEAD_DIM = 256
 ALT_TILES = "alt_tiles"
+# The per-mask subtable that holds the tiles of config-defined masks' kernels (codegen/spec.py's
+# tile_mask): one for all of them, so that a mask added to the config gets them too.
+MASK_MOD_TILES = "mask_mod"
 
 
 class ConfigError(ValueError):
@@ -184,10 +189,11 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
     if table is None:
         raise fail(where, f"missing: every head dim needs its {kind.name} tile")
     alt_key = (ALT_TILES,) if kind.alt_tiles else ()
-    main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables + alt_key + tuple(MASKS))
+    masks = (*MASKS, MASK_MOD_TILES)
+    main = _parse_tile(table, kind, head_dim, arch, where, fail, subtables + alt_key + masks)
     tiles = (main, *_parse_alt_tiles(table, kind, head_dim, arch, where, fail, main))
     own = {}
-    for mask in MASKS:
+    for mask in masks:
         if mask not in table:
             continue
         mask_where, mask_table = f"{where}.{mask}", table[mask]

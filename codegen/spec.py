@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from codegen import families
-from codegen.config import Config
+from codegen.config import MASK_MOD_TILES, Config
 from codegen.family import Family, Tile
 from codegen.masks import MASKS, MaskKind
 from codegen.score_mods import SCORE_MODS, ScoreModKind
@@ -82,10 +82,18 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
         for mask in masks
         for score_mod in score_mods if variant or kind in SCORE_MODS[score_mod].kinds
         for tile in config.tiles_of(family, kind, arch, head_dim,
-                                    mask if mask in MASKS else None)[:None if alt_tiles else 1]
+                                    tile_mask(mask, variant))[:None if alt_tiles else 1]
         for dtype in config.dtypes
         for dropout in (False, True)[:2 if takes_dropout(config, family, kind, variant) else 1]
     ]
+
+
+def tile_mask(mask: str, variant: Variant | None) -> str | None:
+    """The per-mask subtable whose tiles a kernel of this mask takes where the config has one: a
+    built-in mask's own, or for a config-defined mask the `mask_mod` subtable (config.py)."""
+    if mask in MASKS:
+        return mask
+    return MASK_MOD_TILES if variant is not None and variant.mask_mod else None
 
 
 def takes_dropout(config: Config, family: str, kind: str, variant: Variant | None) -> bool:
@@ -98,8 +106,7 @@ def takes_dropout(config: Config, family: str, kind: str, variant: Variant | Non
 def variant_axes(config: Config):
     """(variant, masks, score modifiers) of the config's kernels: the built-in ones (variant
     None), then per variant its own mask (with no score modifier, or its own), or, for a score
-    modifier alone, that modifier under each configured mask. A variant's kernels take the head
-    dim's main tiles (a mask's own tiles are for built-in masks)."""
+    modifier alone, that modifier under each configured mask. Their tiles: tile_mask's."""
     yield None, config.masks, config.score_mods
     for variant in config.variants:
         score_mods = (variant.name,) if variant.score_mod else ("none",)

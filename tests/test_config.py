@@ -98,6 +98,21 @@ def test_a_masks_alt_tiles_replace_the_head_dims_for_that_mask_only(tmp_path):
         ("causal", FwdTile(64, 64, 4, 2)), ("window", FwdTile(128, 64, 4, 2))}
 
 
+def test_the_mask_mod_table_gives_every_config_defined_mask_its_tiles(tmp_path):
+    """A score modifier alone keeps its mask's tiles; the built-in masks keep theirs."""
+    variants = ('[variants.doc]\nmask_mod = "kv_idx <= q_idx"\n'
+                '[variants.shift]\nscore_mod = "score + 1"\nscore_mod_grad = "1"\n')
+    config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}"
+                                         "[mma.sm_90.head_dim.64.mask_mod]\nblock_m = 64\n"
+                                         f"{variants}"))
+    assert config.tiles_of("mma", "fwd", "sm_90", 64, "mask_mod") == (FwdTile(64, 64, 4, 2),)
+    specs = enumerate_specs(config, kinds=["fwd"], dtypes=["bf16"])
+    assert {(s.mask, s.score_mod, s.tile.block_m) for s in specs} == {
+        ("none", "none", 128), ("causal", "none", 128), ("window", "none", 128),
+        ("doc", "none", 64),
+        ("none", "shift", 128), ("causal", "shift", 128), ("window", "shift", 128)}
+
+
 def test_a_mask_table_under_backward_changes_the_backward_tile(tmp_path):
     config = load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{BACKWARD}"
                                          "block_m = 64\nblock_n = 128\nwarps = 8\nq_stages = 2\n"
