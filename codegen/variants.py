@@ -21,11 +21,12 @@ kernels a new token's q_idx counts the cached keys before it), each tensor as an
 q.k * softmax_scale for score_mod, the modified score for score_mod_grad, which returns
 d score_mod / d score ("1" for a bias: the backward then skips it). Snippets are called at
 positions inside the sequence (a tile's padding runs them on the nearest such position and
-drops the answer; a sequence without queries may pass q_idx -1). A mask_mod that reads h gets block masks per (sequence,
-query head), which cost heads times the memory and time to build (a sequence's heads share one
-otherwise). Tensor dims named batch, heads, heads_kv, seqlen_q or seqlen_k (in decode: the
-cache's capacity), written as numbers, or as such a name over a number (seqlen_q/128: the count
-of 128-row blocks, rounded up) are checked per call; other names are free.
+drops the answer; a sequence without queries may pass q_idx -1). A mask_mod that reads h gets
+block masks per (sequence, query head), which cost heads times the memory and time to build (a
+sequence's heads share one otherwise). Tensor dims named batch, heads, heads_kv, seqlen_q or
+seqlen_k (in decode: the cache's capacity), written as numbers, or as such a name over a number
+(seqlen_q/128: the count of 128-row blocks, rounded up) are checked per call; other names are
+free.
 
 Snippets run on every element of a masked tile (a score_mod on every score): join a mask's
 conditions with & and |, not && and ||. Then no branch splits a tile's elements, and the compiler

@@ -36,8 +36,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     token's position in its sequence (cached keys before it), kv_idx a key's; its tensors'
     seqlen_k is the cache's capacity; a mask_mod runs on every cached key (no block is skipped).
     Returns out (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out,
-    softmax_lse), lse (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe: nothing on the device is read on the host
-    (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
+    softmax_lse), lse (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe:
+    nothing on the device is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
     validate.check_unsupported(cache_leftpad=(cache_leftpad, None))
     validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
