@@ -2,13 +2,14 @@
 fake (meta) implementation for torch.compile and FakeTensorMode, and autograd that connects
 them.
 
-Registered with torch.library.Library's define + impl, register_fake and register_autograd rather
-than torch.library.custom_op: custom_op's Python wrapper costs more per call. On a CPU, with Python
-kernels that return at once (torch 2.13): 9.7 us through the dispatcher and the Python autograd
-kernel that register_autograd installs, 22 us through a custom_op, 0.1 us calling the kernel
-function. So attention() skips the dispatcher whenever that is invisible (see _runs_plain_eager):
-on an H100 host (torch 2.11), a tiny no-grad flash_attn_func call took 52 us that way and 82 us
-through the dispatcher, PyTorch's FLASH_ATTENTION SDPA 25 us (one noisy run).
+Registered with torch.library.Library's define + impl, register_fake and an autograd kernel of
+our own (_Attention) rather than torch.library.custom_op or register_autograd: their Python
+wrappers cost more per call. On a CPU, with Python kernels that return at once (torch 2.13), a
+no-grad call takes 9.7 us through the dispatcher, 22 us through a custom_op, 0.1 us calling the
+kernel function; a call that records autograd 35 us through _Attention, 195 us through
+register_autograd's kernel. So attention() skips the dispatcher whenever that is invisible (see
+_runs_plain_eager): on an H100 host (torch 2.11), a tiny no-grad flash_attn_func call took 52 us
+that way and 82 us through the dispatcher, PyTorch's FLASH_ATTENTION SDPA 25 us (one noisy run).
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ _VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
                                     for i in range(params.VARIANT_TENSORS))
 # mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
 # band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores, alibi_slopes (fp32
-# (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive fp32) bias them; variant names a config-defined variant (or ""), with its
-# tensors and its mask's block ranges (codegen/score_mods.py's Modifiers, flashgen/variants.py);
+# (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive fp32) bias them; variant
+# names a config-defined variant (or ""), with its tensors and its mask's block ranges
+# (codegen/score_mods.py's Modifiers, flashgen/variants.py);
 # dropout_p > 0 drops probabilities under the Philox key in dropout_seed ((1,) int64, drawn once
 # per forward: the backward regenerates the same mask from it, common/dropout.cuh).
 # cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
@@ -237,8 +239,8 @@ def _save_for_backward(ctx, inputs, output):
     for i in _SHARED_TENSORS:  # saved above
         shared[i] = None
     ctx.arguments = shared
-    # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k of a variable-length batch
-    ctx.varlen = (*inputs[21:23], *inputs[25:27]) if len(inputs) > 21 else ()
+    # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k (None, None, 0, 0 unless varlen)
+    ctx.varlen = (*inputs[21:23], *inputs[25:27])
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
@@ -266,6 +268,43 @@ def _fwd_backward(ctx, dout, _dlse):
     return tuple(gradients)
 
 
+# Trailing arguments the dispatcher leaves out when they equal their defaults (cu_seqlens_q to
+# max_seqlen_k), for the saved arguments' fixed places.
+_FWD_DEFAULTS = (None, None, None, None, 0, 0)
+
+
+class _Attention(torch.autograd.Function):
+    """flashgen::fwd's autograd kernel, as torch.library.register_autograd's own but without its
+    per-call fill_defaults, which rebuilds the 27-argument schema's list once per argument: 0.5 ms
+    of host time per forward on an H100 host (torch 2.11), more than a short call's GPU time.
+    apply(*fwd's arguments, keyset): the keyset last keeps needs_input_grad in fwd's places."""
+
+    @staticmethod
+    def forward(ctx, *arguments_and_keyset):
+        *arguments, keyset = arguments_and_keyset
+        output = _fwd_below_autograd(keyset, arguments)
+        _save_for_backward(ctx, arguments, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return (*_fwd_backward(ctx, dout, dlse), None)
+
+
+def _fwd_below_autograd(keyset, arguments):
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.flashgen.fwd.default.redispatch(
+            keyset & torch._C._after_autograd_keyset, *arguments)
+
+
+def _fwd_autograd(keyset, *arguments):
+    if missing := _FWD_ARGUMENTS - len(arguments):
+        arguments += _FWD_DEFAULTS[-missing:]
+    if torch.is_grad_enabled() and torch._C._any_requires_grad(*arguments):
+        return _Attention.apply(*arguments, keyset)
+    return _fwd_below_autograd(keyset, arguments)
+
+
 def _no_double_backward(ctx, *grads):
     """Without this, PyTorch's fallback would backpropagate through bwd as if it were constant
     (silently wrong second derivatives, and only a warning)."""
@@ -281,6 +320,5 @@ torch.library.register_fake("flashgen::bwd", _bwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::fwd_kvcache", _fwd_kvcache_fake, lib=_LIBRARY)
 _LIBRARY.impl("mask_ranges", _mask_ranges_cuda, "CUDA")
 torch.library.register_fake("flashgen::mask_ranges", _mask_ranges_fake, lib=_LIBRARY)
-torch.library.register_autograd("flashgen::fwd", _fwd_backward, setup_context=_save_for_backward,
-                                lib=_LIBRARY)
+_LIBRARY.impl("fwd", _fwd_autograd, "Autograd", with_keyset=True)
 torch.library.register_autograd("flashgen::bwd", _no_double_backward, lib=_LIBRARY)

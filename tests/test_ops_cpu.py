@@ -429,6 +429,33 @@ def test_compile_fullgraph_matches_eager_forward_and_backward(reference_kernels)
         assert torch.equal(compiled_grad, eager_grad)
 
 
+@pytest.mark.parametrize("bias_requires_grad", [False, True], ids=["plain_bias", "bias_grad"])
+def test_an_additive_bias_gets_the_backwards_dbias_only_when_it_requires_grad(bias_requires_grad):
+    """The backward is asked for dbias (its attn_bias_grad flag) exactly when attn_bias requires
+    grad, and returns it to attn_bias; q, k and v get their gradients either way."""
+    flags = []
+
+    def bwd(dout, q, k, v, out, lse, attn_bias_grad, *rest):
+        flags.append(attn_bias_grad)
+        dbias = torch.full((2, 8, 17, 33), 7.0) if attn_bias_grad else torch.empty(0)
+        return (*(torch.full_like(t, i + 1.0) for i, t in enumerate((q, k, v))), dbias)
+
+    with torch.library._scoped_library("flashgen", "IMPL") as library:
+        library.impl("fwd", lambda q, *rest: forward.empty_outputs(q, False), "CPU")
+        library.impl("bwd", bwd, "CPU")
+        q, k, v = make_qkv(SHAPES[0], requires_grad=True)
+        bias = torch.randn(2, 8, 17, 33, requires_grad=bias_requires_grad)
+        out, _ = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, UNBOUNDED, 0.0, None, bias,
+                     *NO_EXTRAS[1:], False, False)
+        out.backward(torch.randn_like(out))
+    assert flags == [bias_requires_grad]
+    assert [t.grad.unique().tolist() for t in (q, k, v)] == [[1.0], [2.0], [3.0]]
+    if bias_requires_grad:
+        assert torch.equal(bias.grad, torch.full_like(bias, 7.0))
+    else:
+        assert bias.grad is None
+
+
 def test_kernels_that_load_by_tma_get_expanded_inputs_copied():
     """A TMA descriptor takes no zero strides: an expanded K (MQA written as expand) is copied
     for the hopper family's forward, and passed as it is to kernels that load with cp.async."""
