@@ -218,14 +218,6 @@ def test_cuda_graph_replays_draw_new_masks():
         assert abs(mask.float().mean().item() - (1 - p)) < 0.02
 
 
-def test_dropout_with_a_config_variant_is_refused():
-    q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, False)
-    doc_ids = torch.zeros(1, 64, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="dropout_p does not combine"):
-        flash_attn_func(q, k, v, dropout_p=0.1, variant="document",
-                        variant_tensors={"doc_ids": doc_ids})
-
-
 def test_a_forced_hopper_family_still_runs_dropout_on_the_mma_family(monkeypatch):
     monkeypatch.setenv("FLASHGEN_FAMILY", "hopper")
     forward.clear_plans()
