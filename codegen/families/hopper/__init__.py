@@ -12,10 +12,11 @@ causal mask.
 The backward (FlashAttention-2's algorithm on the same units): one thread block per block_n keys
 of a (batch, KV head), K and V held in shared memory and dK, dV in the consumer warpgroups'
 registers (64 keys each), Q and dO of each query block of the group's heads streamed by TMA
-through rings of q_stages buffers, dQ added to an fp32 workspace by 16-byte reductions from
-registers (deterministic: in turn, by the copy engine's bulk reduce-add). Dense batches only: a
-variable-length batch's gradients run on the mma family. Templates in templates/hopper/, headers
-in templates/include/flashgen/hopper/; resources.py mirrors their budgets.
+through rings of q_stages buffers, each step's dQ shares staged in shared memory and added to an
+fp32 workspace by a dQ warp with the copy engine's bulk reduce-add (deterministic: in turn).
+Dense batches only: a variable-length batch's gradients run on the mma family. Templates in
+templates/hopper/, headers in templates/include/flashgen/hopper/; resources.py mirrors their
+budgets.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-// Hopper's reductions into fp32 global memory, for the backwards' dQ workspace:
-// - the bulk reduce-add (the TMA engine, no tensor map): a contiguous span of fp32 in shared
-//   memory added by one instruction, asynchronously. The mma backward stages each step's dQ rows
-//   and adds them this way (its threads hold column pairs: 8-byte atomics queued on the
-//   load/store unit cost more than the staging);
-// - the 16-byte vector reduction, which the hopper backward issues straight from registers: its
-//   workspace is in register order, so a warp's adds are 512 contiguous bytes.
+// Hopper's bulk reduce-add into fp32 global memory, for the backwards' dQ workspace: a contiguous
+// span of fp32 in shared memory added by one instruction of the TMA engine (no tensor map),
+// asynchronously. Both backwards stage each step's dQ share in shared memory and add it this way:
+// atomics or vector reductions from registers hold the issuing threads until the load/store
+// unit has taken them all.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,18 +36,6 @@ __device__ __forceinline__ void bulk_add_f32(float* global, const float* shared,
 __device__ __forceinline__ void wait_bulk_reads() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-#endif
-}
-
-// global[0, 4) += (a, b, c, d), fp32, by one 16-byte reduction in L2 (global 16-byte aligned). No
-// result comes back, so the thread goes on at once.
-__device__ __forceinline__ void add_f32x4(float* global, float a, float b, float c, float d) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(global), "f"(a), "f"(b),
-               "f"(c), "f"(d)
-               : "memory");
-#else
-  __trap();  // vector reductions need sm_90
 #endif
 }
 

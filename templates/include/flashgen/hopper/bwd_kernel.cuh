@@ -7,8 +7,8 @@
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
 //   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
-// and adds its dQ share to the fp32 workspace by 16-byte reductions from registers (a
-// deterministic run: in turn, by one bulk reduce-add of the share staged in shared memory).
+// and stages its dQ share in shared memory for warpgroup 0's second warp, which adds it to the
+// fp32 workspace by one bulk reduce-add (a deterministic run: in each query block's turn).
 // bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
@@ -28,10 +28,13 @@
 
 namespace flashgen::hopper {
 
-// Named barriers (0 is __syncthreads): every consumer has written its dS^T; kDqStaged + w:
-// consumer w's dQ share is staged.
+// Named barriers (0 is __syncthreads): every consumer has written its dS^T; per consumer c and
+// staging buffer b (index 2 c + b), the dQ share is staged (full) and the dQ warp has read it
+// (empty).
 constexpr int kDsWrittenBarrier = 1;
-constexpr int kDqStagedBarrier = 2;
+constexpr int kDqFullBarrier = 2;
+constexpr int kDqEmptyBarrier = 6;
+constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ warp
 
 // The TMA descriptors, one kernel parameter in constant space.
 template <class TmaQ, class TmaK>
@@ -98,6 +101,58 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
 }
 
+// The dQ warp (warpgroup 0's second warp): walks the steps as the consumers do, and in each adds
+// every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
+// reduce-add from its first thread, then hands the buffer back. A deterministic run waits for
+// the query block's turn before each add and passes it on once the add is in global memory; the
+// consumers wait only when both their buffers are still queued.
+template <class Traits, class Work, class Walk>
+__device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
+                                              Walk const& walk, float const* staging,
+                                              bool deterministic) {
+  constexpr int kConsumers = Traits::kConsumers;
+  const bool leader = threadIdx.x % 32 == 0;
+  for (int i = 0; i < 2 * kConsumers; ++i) {
+    named_arrive(kDqEmptyBarrier + i, kDqHandoffThreads);  // both buffers start empty
+  }
+  int step = 0;
+  for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
+       at = walk.next(work.mask, at), ++step) {
+    const int buffer = step & 1;
+    const int64_t row = work.stats_row(p, at.head, at.m_block);
+    float* const dq_block = p.dq_accum + row * Traits::kHeadDim;
+    int* const turns =
+        deterministic ? p.dq_semaphore + row / Traits::kBlockM * kConsumers : nullptr;
+    const int turn = deterministic && leader
+                         ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
+                         : 0;
+    for (int c = 0; c < kConsumers; ++c) {
+      named_sync(kDqFullBarrier + 2 * c + buffer, kDqHandoffThreads);
+      if (leader) {
+        if (deterministic) {
+          int seen;
+          do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
+                         : "=r"(seen)
+                         : "l"(turns + c)
+                         : "memory");
+          } while (seen != turn);
+        }
+        bulk_add_f32(dq_block + c * Traits::kDqFloats,
+                     staging + (2 * c + buffer) * Traits::kDqFloats, Traits::kDqFloats * 4);
+      }
+    }
+    if (leader) wait_bulk_reads();
+    __syncwarp();
+    for (int c = 0; c < kConsumers; ++c) {
+      named_arrive(kDqEmptyBarrier + 2 * c + buffer, kDqHandoffThreads);
+    }
+    if (deterministic && leader) {
+      for (int c = 0; c < kConsumers; ++c) pass_turn(turns + c, turn + 1);
+    }
+  }
+}
+
 template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
@@ -151,8 +206,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    // One warp walks (the walk's tests take a warp), its first thread loads.
-    if (threadIdx.x >= 32 || !walk.has_steps()) return;
+    // Warp 0 walks (the walk's tests take a warp) and its first thread loads; warp 1 walks and
+    // its first thread adds the consumers' dQ shares.
+    const int warp = threadIdx.x / 32;
+    if (warp > 1 || !walk.has_steps()) return;
+    if (warp == 1) {
+      add_dq_shares<Traits>(p, work, walk, smem.dq, deterministic);
+      return;
+    }
 
     Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
     Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
@@ -222,6 +283,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, BM>{}));  // (key, row)
+  // tScS as (key, query row) rows and columns: each of the kQueryCols columns is one query row
+  // of the block.
+  Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
+  constexpr int kQueryCols = decltype(size<1>(coords))::value;
+  auto query_col_row = [&](int c) { return get<1>(coords(0, c)); };
+  // Not beside a modifier whose derivative is not 1 (P^T is computed after dP^T's GEMM then,
+  // beside its accumulator) nor beside dropout's random bits: they spill.
+  constexpr bool kStatsInRegisters =
+      Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
   // P^T and dS^T in 16 bits, as the A operands of dV += P^T dO and dK += dS^T Q.
   Tensor tSrP = make_tensor<Element>(tSrS.layout());
   Tensor tSrdS = make_tensor<Element>(tSrS.layout());
@@ -231,9 +301,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
-  // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view).
-  Tensor tdSsdS = thr_sdp.partition_C(
+  // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
+  // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there. (Element-wise
+  // stores through the swizzled view lose the shared address space: generic stores with 64-bit
+  // address arithmetic.)
+  auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto thr_store_ds = store_ds.get_thread_slice(thread);
+  Tensor tdSsdS = thr_store_ds.partition_D(
       local_tile(sdSt, Shape<_64, BM, _2>{}, make_coord(consumer, _0{}, _0{})));
+  Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);
   // dQ's share: dS (its rows) times K (its columns).
   using DqRows = Int<Traits::kDqRows>;
   using DqCols = Int<Traits::kDqCols>;
@@ -245,8 +321,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{})));
   Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{});
   static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
-  // A deterministic run's two staging buffers per consumer, used in turn: a step's bulk add reads
-  // one while the next step writes the other.
+  // This consumer's two staging buffers, used in turn: the dQ warp reads one while the next step
+  // writes the other.
   float* const dq_staging = smem.dq + consumer * 2 * Traits::kDqFloats;
 
   clear(tdVrdV);
@@ -254,29 +330,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (walk.has_steps()) TxBarrier::wait(&smem.kv_full, 0);
   typename Pipeline::PipelineState q_state, do_state;
   const int key0 = work.n_block * kBlockN + consumer * 64;
-  // A deterministic run's turn to pass on once the add behind it is complete (thread 0).
-  int* passed_turn = nullptr;
-  int passed_value = 0;
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
        at = walk.next(work.mask, at), ++step) {
     const int head = at.head;
     const int m_block = at.m_block;
-    const int ds_buffer = step & 1;
+    const int buffer = step & 1;  // this step's dS buffer and dQ staging buffer
     const Mask mask = work.mask.for_head(head);
+
+    // This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column
+    // of its S^T accumulator: read into registers ahead of use where the tile leaves room for
+    // them, so that their latency hides under a GEMM, else from shared memory where used.
+    const float* const lse_stage = smem.lse_log2 + q_state.index() * kBlockM;
+    const float* const d_stage = smem.d + do_state.index() * kBlockM;
+    float lse_regs[kQueryCols], d_regs[kQueryCols];
+    auto lse_log2 = [&](int c) {
+      if constexpr (kStatsInRegisters) return lse_regs[c];
+      else return lse_stage[query_col_row(c)];
+    };
+    auto d = [&](int c) {
+      if constexpr (kStatsInRegisters) return d_regs[c];
+      else return d_stage[query_col_row(c)];
+    };
 
     pipeline_q.consumer_wait(q_state);
     warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    if constexpr (kStatsInRegisters) {
+      CUTE_UNROLL
+      for (int c = 0; c < kQueryCols; ++c) lse_regs[c] = lse_stage[query_col_row(c)];
+    }
     pipeline_do.consumer_wait(do_state);
     warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
-    // A deterministic run's last dQ add, issued a step ago, has most likely landed: its turn
-    // goes on while this step's first GEMMs run (pass_turn waits if not), not right after the
-    // add is issued (every step would wait a round trip to L2) nor at the next add (the next
-    // key block would wait half a step longer).
-    if (passed_turn != nullptr) {
-      pass_turn(passed_turn, passed_value);
-      passed_turn = nullptr;
-    }
 
     // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
     // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
@@ -302,43 +386,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         if (!mask.visible(row, key)) tSrS(i) = -INFINITY;
       }
     }
-    const float* lse_log2 = smem.lse_log2 + q_state.index() * kBlockM;
-    const float* d = smem.d + do_state.index() * kBlockM;
-    auto prob = [&](float score, int row) {
-      return exp2f(fmaf(score, p.scale_log2, -lse_log2[row]));
-    };
-    // One score's P^T and dS^T from s (P^T already, or the modified score) and dP^T; under
-    // dropout (keep mask Z, kept ones scaled by 1 / (1 - p)) P^T's place gets Z P^T for dV and
-    // dS^T = P^T (Z dP^T - D).
-    auto p_and_ds = [&](float& s, float& dp, int key, int row, bool keep) {
+    Tensor s = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
+    Tensor dp = make_tensor(tSrdP.data(), rows_by_cols(tSrdP.layout()));
+    auto prob = [&](float score, int c) { return exp2f(fmaf(score, p.scale_log2, -lse_log2(c))); };
+    // One score's P^T and dS^T from s (P^T already, or the modified score) and dP^T, at (r, c) of
+    // the (key, query row) view; under dropout (keep mask Z, kept ones scaled by 1 / (1 - p))
+    // P^T's place gets Z P^T for dV and dS^T = P^T (Z dP^T - D).
+    auto p_and_ds = [&](int r, int c, bool keep) {
       float derivative = 1.f;
       if constexpr (!ScoreMod::kUnitDerivative) {
-        derivative = score_mod.derivative(s, row0 + row, key0 + key);
-        s = prob(s, row);
+        derivative = score_mod.derivative(s(r, c), row0 + query_col_row(c),
+                                          key0 + get<0>(coords(r, c)));
+        s(r, c) = prob(s(r, c), c);
       }
-      float dprob = dp;
+      float dprob = dp(r, c);
       if constexpr (Dropout::kEnabled) dprob = keep ? dprob * dropout.scale : 0.f;
-      dp = s * (dprob - d[row]) * derivative;
-      if constexpr (Dropout::kEnabled) s = keep ? s * dropout.scale : 0.f;
+      dp(r, c) = s(r, c) * (dprob - d(c)) * derivative;
+      if constexpr (Dropout::kEnabled) s(r, c) = keep ? s(r, c) * dropout.scale : 0.f;
     };
     if constexpr (ScoreMod::kUnitDerivative) {
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = prob(tSrS(i), get<1>(tScS(i)));
+      for (int c = 0; c < kQueryCols; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(s); ++r) s(r, c) = prob(s(r, c), c);
+      }
+    }
+    if constexpr (kStatsInRegisters) {
+      CUTE_UNROLL
+      for (int c = 0; c < kQueryCols; ++c) d_regs[c] = d_stage[query_col_row(c)];
     }
     warpgroup_wait<0>();
     if constexpr (Dropout::kEnabled) {
-      Tensor s = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
-      Tensor dp = make_tensor(tSrdP.data(), rows_by_cols(tSrdP.layout()));
-      Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
-      for_each_dropout_decision_transposed(dropout, coords, key0, row0,
-                                           [&](int r, int c, bool keep) {
-                                             p_and_ds(s(r, c), dp(r, c), get<0>(coords(r, c)),
-                                                      get<1>(coords(r, c)), keep);
-                                           });
+      for_each_dropout_decision_transposed(dropout, coords, key0, row0, p_and_ds);
     } else {
       CUTE_UNROLL
-      for (int i = 0; i < size(tSrdP); ++i) {
-        p_and_ds(tSrS(i), tSrdP(i), get<0>(tScS(i)), get<1>(tScS(i)), true);
+      for (int c = 0; c < kQueryCols; ++c) {
+        CUTE_UNROLL
+        for (int r = 0; r < size<0>(s); ++r) p_and_ds(r, c, true);
       }
     }
     convert_into(tSrP, tSrS);
@@ -351,10 +435,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (!Traits::kDqBeforeDk) {
       warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
     }
-    copy(tSrdS, tdSsdS(_, _, _, ds_buffer));
+    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, buffer));
     cutlass::arch::fence_view_async_shared();
     named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
-    warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
+    warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK(_, _, _, 0), tdQrdQ);
     if constexpr (Traits::kDqBeforeDk) {
       warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
       warpgroup_wait<1>();
@@ -365,48 +449,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pipeline_do.consumer_release(do_state);
     ++do_state;
 
-    // dQ's share -> the fp32 workspace, 16 bytes per thread per add, in register order (the
-    // layout bwd_aux.cuh converts from). By default each thread adds its pieces straight from
-    // registers (16-byte reductions, a warp's 512 contiguous bytes at a time): no shared memory
-    // traffic and no barrier. A deterministic run adds a consumer's share in the query block's
-    // turn, as one bulk add that thread 0 issues once the share is staged.
-    auto dq_share = [&] {
-      return p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-             consumer * Traits::kDqFloats;
-    };
-    if (!deterministic) {
-      float* const dq_accum = dq_share() + thread * 4;
-      CUTE_UNROLL
-      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-        add_f32x4(dq_accum + j * 128 * 4, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                  tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      }
-    } else {
-      // This buffer's last add (two steps ago) has read it: its issuing thread waited for that
-      // at the end of the last step, before this step's dS barrier.
-      float* const dq_staged = dq_staging + (step & 1) * Traits::kDqFloats;
-      CUTE_UNROLL
-      for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-        reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
-            make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
-      }
-      fence_for_bulk_copies();
-      named_sync(kDqStagedBarrier + consumer, 128);
-      if (thread == 0) {
-        int* turn = p.dq_semaphore +
-                    (work.stats_row(p, head, m_block) / kBlockM) * Traits::kConsumers + consumer;
-        const int mine = work.dq_turn(mask, m_block);
-        int seen;
-        do {
-          asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(turn) : "memory");
-        } while (seen != mine);
-        bulk_add_f32(dq_share(), dq_staged, Traits::kDqFloats * 4);
-        passed_turn = turn;
-        passed_value = mine + 1;
-        // The other buffer, written next step: the add before this one has read it.
-        asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
-      }
+    // dQ's share -> this step's staging buffer (in register order, the layout bwd_aux.cuh
+    // converts from), once the dQ warp has read what it held two steps ago; the dQ warp adds it
+    // to the workspace. (Reductions from registers would hold each thread at its next memory
+    // instruction until the load/store unit had taken them all.)
+    float* const dq_staged = dq_staging + buffer * Traits::kDqFloats;
+    named_sync(kDqEmptyBarrier + 2 * consumer + buffer, kDqHandoffThreads);
+    CUTE_UNROLL
+    for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
+      reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+          make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
     }
+    fence_for_bulk_copies();
+    named_arrive(kDqFullBarrier + 2 * consumer + buffer, kDqHandoffThreads);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);
     pipeline_q.consumer_release(q_state);
@@ -431,10 +486,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   store(tdKrdK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.softmax_scale);
   store(tdVrdV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, 1.f);
-  if (thread == 0) {
-    if (passed_turn != nullptr) pass_turn(passed_turn, passed_value);
-    wait_bulk_reads();  // shared memory must outlive the last add's reads
-  }
 }
 
 }  // namespace flashgen::hopper

@@ -47,6 +47,12 @@ struct BwdTraits {
                 "with block_m = 64, by head-dim columns in multiples of 64");
   static_assert(kStages >= 1, "q_stages: at least 1");
 
+  // Each consumer thread holds its S^T columns' query-row statistics (lse and D, kBlockM / 4 of
+  // each) in registers ahead of use where that fits beside the accumulators (kBlockM = 64);
+  // kBlockM = 128 reads them from shared memory where used (D spills there, and lse alone in
+  // registers ran slower).
+  static constexpr bool kRowStatsInRegisters = kBlockM <= 64;
+
   // setmaxnreg: the producer keeps what TMA issue needs, the consumers share the rest
   // (multiples of 8).
   static constexpr int kProducerRegisters = kConsumers == 1 ? 56 : 24;
@@ -107,7 +113,7 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    // A deterministic run's two staging buffers per consumer (bwd_kernel's bulk adds).
+    // Each consumer's two dQ staging buffers, which the dQ warp adds to the workspace.
     alignas(128) float dq[kConsumers * 2 * kDqFloats];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
     alignas(16) float d[kStages * kBlockM];         // each dO stage's rows' rowsum(dO * O)
