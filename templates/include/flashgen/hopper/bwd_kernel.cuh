@@ -35,6 +35,10 @@ constexpr int kDsWrittenBarrier = 1;
 constexpr int kDqFullBarrier = 2;
 constexpr int kDqEmptyBarrier = 6;
 constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ warp
+// After the walk: every consumer is done with K (kKeysRead); consumer c's rows of dV and dK are
+// in shared memory (kEpilogue + c).
+constexpr int kKeysReadBarrier = 10;
+constexpr int kEpilogueBarrier = 11;
 
 // The TMA descriptors, one kernel parameter in constant space.
 template <class TmaQ, class TmaK>
@@ -468,24 +472,45 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ++q_state;
   }
 
-  // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> global, the keys inside the
-  // sequence.
-  Tensor tdKVcdKV = thr_dkv.partition_C(make_identity_tensor(Shape<_64, HD>{}));
-  auto store = [&](auto const& acc, void* base, int64_t batch_stride, int64_t row_stride,
-                   int64_t head_stride, float scale) {
+  // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows
+  // of K's and V's buffers by stmatrix -> global in 16-byte pieces, a warp's 32 covering whole
+  // rows, the keys inside the sequence (the gradients' rows are 16-byte aligned: whole head dims
+  // of a fresh tensor). Element-wise stores from the accumulators wrote 4 bytes each to rows
+  // apart and queued on the load/store unit.
+  auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
+  auto thr_store_kv = store_kv.get_thread_slice(thread);
+  Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
+  auto own_rows = [&](auto const& s) {
+    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(consumer, _0{}));
+  };
+  auto stage = [&](auto const& acc, auto const& s, float scale) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) tdKVrOut(i) = Element(acc(i) * scale);
+    copy(store_kv, thr_store_kv.retile_S(tdKVrOut), thr_store_kv.partition_D(own_rows(s)));
+  };
+  // V's rows: only this consumer's dP^T GEMMs read them, and they are complete; K's rows: every
+  // consumer's dQ GEMMs read all of K.
+  stage(tdVrdV, sV, 1.f);
+  named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
+  stage(tdKrdK, sK, p.softmax_scale);
+  named_sync(kEpilogueBarrier + consumer, 128);
+  auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
+                   int64_t head_stride) {
+    Tensor rows = own_rows(s);
     Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
                    work.head_kv * head_stride;
+    constexpr int kPiecesPerRow = Traits::kHeadDim / 8;
     CUTE_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-      const int key = key0 + get<0>(tdKVcdKV(i));
-      if (key >= p.seqlen_k) continue;
-      Element pair[2] = {Element(acc(i) * scale), Element(acc(i + 1) * scale)};
-      *reinterpret_cast<uint32_t*>(out + key * row_stride + get<1>(tdKVcdKV(i))) =
-          *reinterpret_cast<uint32_t*>(pair);
+    for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
+      const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
+      if (key0 + row < p.seqlen_k) {
+        *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
+            *reinterpret_cast<uint4 const*>(&rows(row, col));
+      }
     }
   };
-  store(tdKrdK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride, p.softmax_scale);
-  store(tdVrdV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride, 1.f);
+  store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
 }
 
 }  // namespace flashgen::hopper
