@@ -148,6 +148,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     }
     if (leader) wait_bulk_reads();
     __syncwarp();
+    // (The last two steps' arrivals find no consumer waiting; nothing waits on them either.)
     for (int c = 0; c < kConsumers; ++c) {
       named_arrive(kDqEmptyBarrier + 2 * c + buffer, kDqHandoffThreads);
     }
