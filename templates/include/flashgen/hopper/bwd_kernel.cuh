@@ -8,8 +8,9 @@
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
 //   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
 // and stages its dQ share in shared memory for warpgroup 0's second warp, which adds it to the
-// fp32 workspace by one bulk reduce-add (a deterministic run: in each query block's turn).
-// bwd_aux.cuh prepares lse and D before and converts dQ after.
+// fp32 workspace by one bulk reduce-add (a deterministic run: in each query block's turn). After
+// the walk, dK and dV leave through K's and V's buffers. bwd_aux.cuh prepares lse and D before
+// and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
