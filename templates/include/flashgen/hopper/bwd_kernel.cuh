@@ -477,8 +477,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows
   // of K's and V's buffers by stmatrix -> global in 16-byte pieces, a warp's 32 covering whole
   // rows, the keys inside the sequence (the gradients' rows are 16-byte aligned: whole head dims
-  // of a fresh tensor). Element-wise stores from the accumulators wrote 4 bytes each to rows
-  // apart and queued on the load/store unit.
+  // of a fresh tensor). Stores straight from the accumulators would be 4 bytes each, rows
+  // apart, queued on the load/store unit.
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
   Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
