@@ -4,9 +4,12 @@ shape: 16k tokens, heads x head dim = 2048, bf16) and each implementation's kern
 profiler; with --ncu HD,CAUSAL,SEQLEN, one backward per implementation inside a profiler range
 for Nsight Compute instead:
 
-    python3 scripts/bwd_vs_fa4.py [--impl flashgen --impl FA4 ...]
+    python3 scripts/bwd_vs_fa4.py [--impl flashgen --impl FA4 ...] [--cell 128,0,8192 ...]
     ncu --profile-from-start off --set full -k regex:"bwd_kernel|BackwardSm90" \\
         python3 scripts/bwd_vs_fa4.py --ncu 128,1,8192 --impl flashgen
+
+An A/B of two trees: build each into its own FLASHGEN_CACHE_DIR, then run this script from each
+tree in turn (PYTHONPATH=<tree>), two rounds or more, with --tag naming the tree in every line.
 
 FlashAttention-4 is imported from /tmp/site2: install its wheels there first (the device has no
 network; ../shared/ANCHORS.md lists them and how to carry the large one in two halves).
@@ -51,13 +54,17 @@ def kernel_times(fn, sets, reset) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ncu", help="HD,CAUSAL(0|1),SEQLEN: one profiled backward per impl")
+    parser.add_argument("--cell", action="append", help="HD,CAUSAL(0|1),SEQLEN: time these cells")
     parser.add_argument("--impl", action="append")
+    parser.add_argument("--tag", default="", help="printed first on every timing line")
     args = parser.parse_args()
     names = args.impl or ["flashgen", "CUDNN_ATTENTION", "FA4"]
-    cells = CELLS
-    if args.ncu:
-        hd, causal, seqlen = args.ncu.split(",")
-        cells = [(int(hd), causal == "1", int(seqlen))]
+
+    def cell(text: str):
+        hd, causal, seqlen = text.split(",")
+        return int(hd), causal == "1", int(seqlen)
+
+    cells = [cell(args.ncu)] if args.ncu else [cell(c) for c in args.cell or []] or CELLS
     for hd, causal, n in cells:
         b, h = grid.grid_shape(n, hd)
         inputs = [[torch.randn(b, n, h, hd, device="cuda", dtype=torch.bfloat16)
@@ -80,7 +87,8 @@ def main():
                 ts = [time_ms(fn, sets, reset=reset, repeats=20) for _ in range(3)]
                 kernels = kernel_times(fn, sets, reset)
             t = statistics.median(ts)
-            print(f"hd{hd} {'causal' if causal else 'full'} {n} {name:16} bwd ms "
+            print(f"{args.tag + ' ' if args.tag else ''}hd{hd} {'causal' if causal else 'full'} "
+                  f"{n} {name:16} bwd ms "
                   f"{' '.join(f'{x:.3f}' for x in ts)}  {flops / t / 1e9:.0f} TFLOP/s", flush=True)
             for kernel, us in sorted(kernels.items(), key=lambda kv: -sum(kv[1])):
                 print(f"    {statistics.median(us):9.1f} us x{len(us)}  {kernel}")
