@@ -63,13 +63,16 @@ class Entry:
 
 
 def parse_ptxas(report: str) -> dict:
-    """The worst registers / spill stores / stack frame over the kernels of one ptxas -v report."""
+    """The worst registers / spill stores / stack frame over the kernels of one ptxas -v report,
+    and whether ptxas serialised wgmma instructions for want of registers (C7512, an info line
+    that --warning-as-error does not stop, on a kernel that runs but loses much of its speed)."""
     def largest(pattern: str) -> int:
         return max((int(m) for m in re.findall(pattern, report)), default=0)
 
     return {"registers": largest(r"Used (\d+) registers"),
             "spill_bytes": largest(r"(\d+) bytes spill stores"),
-            "stack_bytes": largest(r"(\d+) bytes stack frame")}
+            "stack_bytes": largest(r"(\d+) bytes stack frame"),
+            "wgmma_serialised": "C7512" in report}
 
 
 def _sha256(data: bytes) -> str:

@@ -133,6 +133,11 @@ def _generate(args) -> int:
     where = sorted({str(e.path.parent) for e in entries})
     print(f"flashgen: {len(entries)} kernel(s) ready for {', '.join(args.arch)} in "
           f"{time.monotonic() - start:.0f}s -> {', '.join(where)}")
+    for entry in entries:
+        if entry.resources.get("wgmma_serialised"):
+            print(f"flashgen: warning: {entry.spec.name}: ptxas serialised its wgmma instructions "
+                  f"for want of registers (C7512), which costs much of its speed: give its tile "
+                  f"fewer accumulators (a smaller block_m or block_n)", file=sys.stderr)
     if not default_config:
         print(f"flashgen: to use this config at run time, set FLASHGEN_CONFIG={config.path}")
     return 0
@@ -146,8 +151,9 @@ def _list(args) -> int:
             print(f"{spec.name:52s} not built")
             continue
         r = entry.resources
+        serialised = ", wgmma serialised (C7512)" if r.get("wgmma_serialised") else ""
         print(f"{spec.name:52s} built  {r.get('registers', '?')} registers, "
-              f"{r.get('spill_bytes', '?')} bytes spilled  {entry.path}")
+              f"{r.get('spill_bytes', '?')} bytes spilled{serialised}  {entry.path}")
     print(f"{len(specs)} kernel(s)")
     return 0
 

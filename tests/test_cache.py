@@ -76,7 +76,8 @@ def test_build_publishes_one_verified_entry_and_reuses_it(fake_toolchain):
     (again,) = build.build([spec])  # cached: no compile
     assert again.path == entry.path and again.lib.stat().st_mtime_ns == mtime
     assert build.find_entry(spec).path == entry.path
-    assert entry.resources == {"registers": 77, "spill_bytes": 4, "stack_bytes": 8}
+    assert entry.resources == {"registers": 77, "spill_bytes": 4, "stack_bytes": 8,
+                               "wgmma_serialised": False}
 
 
 def test_parse_ptxas_takes_the_worst_kernel():
@@ -87,8 +88,19 @@ ptxas info    : Compiling entry function 'b' for 'sm_90'
     64 bytes stack frame, 72 bytes spill stores, 72 bytes spill loads
 ptxas info    : Used 255 registers, used 1 barriers, 64 bytes cumulative stack size
 """
-    assert build.parse_ptxas(report) == {"registers": 255, "spill_bytes": 72, "stack_bytes": 64}
-    assert build.parse_ptxas("") == {"registers": 0, "spill_bytes": 0, "stack_bytes": 0}
+    assert build.parse_ptxas(report) == {"registers": 255, "spill_bytes": 72, "stack_bytes": 64,
+                                         "wgmma_serialised": False}
+    assert build.parse_ptxas("") == {"registers": 0, "spill_bytes": 0, "stack_bytes": 0,
+                                     "wgmma_serialised": False}
+
+
+def test_parse_ptxas_flags_wgmma_serialised_for_want_of_registers():
+    """ptxas's C7512 is an info line, so a kernel built with it runs, but slowly."""
+    report = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions "
+              "are serialized due to insufficient register resources for the function 'k'\n"
+              "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+              "ptxas info    : Used 168 registers, used 16 barriers\n")
+    assert build.parse_ptxas(report)["wgmma_serialised"] is True
 
 
 def test_two_processes_building_the_same_spec_both_succeed(fake_toolchain):

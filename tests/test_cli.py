@@ -124,3 +124,25 @@ def test_bench_needs_a_gpu(capsys):
         pytest.skip("this machine has a GPU; the bench itself runs in scripts/gpu_check.sh")
     assert main(["bench"]) == 1
     assert "no CUDA GPU" in capsys.readouterr().err
+
+
+def test_generate_warns_of_a_kernel_whose_wgmma_ptxas_serialised(tmp_path, capsys, monkeypatch):
+    from codegen import build
+    from codegen.build import Entry
+
+    def fake_build(specs, jobs=None):
+        entries = [Entry(spec, tmp_path / spec.name) for spec in specs]
+        for entry in entries:
+            entry.path.mkdir()
+            serialised = "causal" in entry.spec.name
+            (entry.path / "meta.json").write_text(
+                f'{{"resources": {{"wgmma_serialised": {str(serialised).lower()}}}}}')
+        return entries
+
+    monkeypatch.setattr(build, "build", fake_build)
+    assert main(["generate", "--arch", "sm_90", "--family", "hopper", "--kind", "bwd",
+                 "--head-dim", "128", "--dtype", "bf16", "--score-mod", "none", "--dropout",
+                 "without", "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1: ptxas serialised" in err
+    assert "_none_" not in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 from codegen import paths
@@ -266,3 +268,13 @@ def test_tune_sweeps_only_the_kinds_with_a_grid(monkeypatch):
     assert cli.main(["tune", "--family", "mma", "--head-dim", "128", "--dtype", "bf16",
                      "--mask", "none"]) == 0
     assert {s.kind for s in swept} == {"fwd", "bwd"}
+
+
+def test_a_candidate_ptxas_serialised_is_not_eligible(monkeypatch):
+    """C7512 (wgmma serialised for want of registers) builds a kernel that runs, slowly."""
+    resources = {"registers": 168, "spill_bytes": 0, "stack_bytes": 0}
+    entry = types.SimpleNamespace(resources=resources)
+    monkeypatch.setattr(tune.build, "find_entry", lambda spec: entry)
+    assert tune._unusable(None) is None
+    resources["wgmma_serialised"] = True
+    assert "(C7512)" in tune._unusable(None)

@@ -164,6 +164,8 @@ def _unusable(spec: KernelSpec) -> str | None:
     entry = build.find_entry(spec)
     if entry is None:
         return "did not compile"
+    if entry.resources.get("wgmma_serialised"):
+        return "ptxas serialises its wgmma instructions for want of registers (C7512)"
     spilled = entry.resources.get("spill_bytes", 0)
     return f"spills {spilled} bytes of registers" if spilled else None
 
