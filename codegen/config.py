@@ -27,6 +27,9 @@ Layout of the file (see configs/default.toml):
     block_m = 64                                 # the head dim's
     [hopper.sm_90.head_dim.64.mask_mod] # optional: the same for the kernels of every config-
     block_m = 128                       # defined mask (a [variants.<name>] with a mask_mod)
+    [hopper.sm_90.head_dim.128.backward.none]  # a mask's subtable may keep to some score
+    block_m = 80                               # modifiers (built-in, or a variant's name); its
+    score_mods = ["none"]                      # other kernels take the head dim's tiles
     ...
 
 Each family (codegen/families/) says which kinds of kernel a head-dim table holds, under which
@@ -52,6 +55,8 @@ ALT_TILES = "alt_tiles"
 # The per-mask subtable that holds the tiles of config-defined masks' kernels (codegen/spec.py's
 # tile_mask): one for all of them, so that a mask added to the config gets them too.
 MASK_MOD_TILES = "mask_mod"
+# The key of a mask's subtable that keeps it to some score modifiers' kernels.
+SCORE_MODS_KEY = "score_mods"
 
 
 class ConfigError(ValueError):
@@ -72,6 +77,8 @@ class Config:
     # (family, kind, arch, head_dim, mask) -> that mask's tiles (main first, then alt tiles)
     # where a [....<mask>] subtable changes them; sorted
     mask_tiles: tuple[tuple[MaskTileKey, tuple[Tile, ...]], ...] = ()
+    # the same keys -> the score modifiers a mask's subtable keeps to (its `score_mods`), if any
+    mask_score_mods: tuple[tuple[MaskTileKey, tuple[str, ...]], ...] = ()
     score_mods: tuple[str, ...] = ("none",)  # codegen/score_mods.py
     variants: tuple[Variant, ...] = ()  # codegen/variants.py, by name
     # Each built-in forward and backward kernel of a family that takes dropout (codegen/family.py)
@@ -82,11 +89,15 @@ class Config:
         return next((v for v in self.variants if v.name == name), None)
 
     def tiles_of(self, family: str, kind: str, arch: str, head_dim: int,
-                 mask: str | None = None) -> tuple[Tile, ...]:
-        """The main tile first, then the alt tiles (the mask's own where its table changes them);
-        empty when not configured."""
+                 mask: str | None = None, score_mod: str | None = None) -> tuple[Tile, ...]:
+        """The main tile first, then the alt tiles (the mask's own where its table changes them
+        for this score modifier); empty when not configured."""
         tiles = dict(self.tiles).get((family, kind, arch, head_dim), ())
-        return dict(self.mask_tiles).get((family, kind, arch, head_dim, mask), tiles)
+        key = (family, kind, arch, head_dim, mask)
+        kept_to = dict(self.mask_score_mods).get(key)
+        if kept_to is not None and score_mod not in kept_to:
+            return tiles
+        return dict(self.mask_tiles).get(key, tiles)
 
     def head_dims(self, family: str, kind: str, arch: str) -> list[int]:
         return sorted(hd for (f, k, a, hd), _ in self.tiles if (f, k, a) == (family, kind, arch))
@@ -141,24 +152,37 @@ def parse_config(raw: dict, path: Path) -> Config:
 
     tiles: dict[TileKey, tuple[Tile, ...]] = {}
     mask_tiles: dict[MaskTileKey, Tile] = {}
+    mask_score_mods: dict[MaskTileKey, tuple[str, ...]] = {}
     for name, family in families.FAMILIES.items():
         if name in raw:
-            family_tiles, family_mask_tiles = _parse_family(raw[name], family, fail)
+            family_tiles, family_mask_tiles, family_score_mods = _parse_family(raw[name], family,
+                                                                               fail)
             tiles.update(family_tiles)
             mask_tiles.update(family_mask_tiles)
+            mask_score_mods.update(family_score_mods)
     if not tiles:
         raise fail("top level", "at least one [<family>.sm_XX.head_dim.N] table is required, e.g. "
                    f"[mma.sm_90.head_dim.128]; families: {sorted(families.FAMILIES)}")
     variants = parse_variants(raw.get("variants", {}), fail)
+    known = [*SCORE_MODS, *(v.name for v in variants if v.score_mod)]
+    for (family, kind, arch, head_dim, mask), kept_to in mask_score_mods.items():
+        unknown = [m for m in kept_to if m not in known]
+        if unknown:
+            table = families.FAMILIES[family].kind(kind).table
+            raise fail(f"{family}.{arch}.head_dim.{head_dim}{'.' + table if table else ''}.{mask}."
+                       f"{SCORE_MODS_KEY}",
+                       f"unknown score modifier(s) {unknown}; known: {known}")
     return Config(path=path, dtypes=tuple(sorted(set(dtypes))), masks=tuple(sorted(set(masks))),
                   score_mods=tuple(sorted(set(score_mods))), variants=variants, dropout=dropout,
-                  tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())))
+                  tiles=tuple(sorted(tiles.items())), mask_tiles=tuple(sorted(mask_tiles.items())),
+                  mask_score_mods=tuple(sorted(mask_score_mods.items())))
 
 
 def _parse_family(table, family: Family, fail) -> tuple[dict[TileKey, tuple[Tile, ...]],
-                                                       dict[MaskTileKey, tuple[Tile, ...]]]:
+                                                       dict[MaskTileKey, tuple[Tile, ...]],
+                                                       dict[MaskTileKey, tuple[str, ...]]]:
     _reject_unknown(table, set(family.archs), family.name, fail)
-    tiles, mask_tiles = {}, {}
+    tiles, mask_tiles, mask_score_mods = {}, {}, {}
     for arch, arch_table in table.items():
         where = f"{family.name}.{arch}"
         _reject_unknown(arch_table, {"head_dim"}, where, fail)
@@ -170,16 +194,21 @@ def _parse_family(table, family: Family, fail) -> tuple[dict[TileKey, tuple[Tile
                                               hd_where, fail)
                 if kind_tiles:
                     tiles[(family.name, kind.name, arch, head_dim)] = kind_tiles
-                for mask, mask_kind_tiles in own.items():
-                    mask_tiles[(family.name, kind.name, arch, head_dim, mask)] = mask_kind_tiles
-    return tiles, mask_tiles
+                for mask, (mask_kind_tiles, kept_to) in own.items():
+                    key = (family.name, kind.name, arch, head_dim, mask)
+                    mask_tiles[key] = mask_kind_tiles
+                    if kept_to is not None:
+                        mask_score_mods[key] = kept_to
+    return tiles, mask_tiles, mask_score_mods
 
 
 def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where: str,
-                fail) -> tuple[tuple[Tile, ...], dict[str, tuple[Tile, ...]]]:
+                fail) -> tuple[tuple[Tile, ...],
+                               dict[str, tuple[tuple[Tile, ...], tuple[str, ...] | None]]]:
     """The kind's main tile and alt tiles in one head dim's table (() when absent and optional),
     and the tiles of each mask kind whose subtable changes them: its main tile (the keys that
-    differ) and its alt tiles (its own [[...<mask>.alt_tiles]], else the head dim's)."""
+    differ) and its alt tiles (its own [[...<mask>.alt_tiles]], else the head dim's), with the
+    score modifiers the subtable keeps to (None: every one)."""
     if kind.table is None:
         table, subtables = hd_table, family.subtables
     else:
@@ -197,7 +226,13 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
         if mask not in table:
             continue
         mask_where, mask_table = f"{where}.{mask}", table[mask]
-        _reject_unknown(mask_table, set(kind.tile.keys()) | set(alt_key), mask_where, fail)
+        _reject_unknown(mask_table, set(kind.tile.keys()) | set(alt_key) | {SCORE_MODS_KEY},
+                        mask_where, fail)
+        kept_to = mask_table.get(SCORE_MODS_KEY)
+        if kept_to is not None and (not isinstance(kept_to, list) or not kept_to
+                                    or not all(isinstance(m, str) for m in kept_to)):
+            raise fail(f"{mask_where}.{SCORE_MODS_KEY}", f"{kept_to!r}: must be a non-empty list "
+                       f"of score modifier names")
         merged = {key: mask_table.get(key, table[key]) for key in kind.tile.keys()}
         mask_main = _parse_tile(merged, kind, head_dim, arch, mask_where, fail)
         if ALT_TILES in mask_table:
@@ -209,7 +244,7 @@ def _parse_kind(hd_table, kind: Kind, family: Family, head_dim: int, arch, where
         if mask_tiles == tiles:
             raise fail(mask_where, f"repeats the main tile {main.suffix}"
                        f"{' and the alt tiles' if len(tiles) > 1 else ''}: delete the table")
-        own[mask] = mask_tiles
+        own[mask] = (mask_tiles, None if kept_to is None else tuple(kept_to))
     return tiles, own
 
 

@@ -81,8 +81,8 @@ def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:
                                                          or head_dim in variant.head_dims)
         for mask in masks
         for score_mod in score_mods if variant or kind in SCORE_MODS[score_mod].kinds
-        for tile in config.tiles_of(family, kind, arch, head_dim,
-                                    tile_mask(mask, variant))[:None if alt_tiles else 1]
+        for tile in config.tiles_of(family, kind, arch, head_dim, tile_mask(mask, variant),
+                                    score_mod)[:None if alt_tiles else 1]
         for dtype in config.dtypes
         for dropout in (False, True)[:2 if takes_dropout(config, family, kind, variant) else 1]
     ]

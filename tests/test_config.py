@@ -272,7 +272,9 @@ dq_before_dk = true
 
 @pytest.mark.parametrize("overrides, message", [
     ({"block_n": 192}, r"block_n = 192: one consumer warpgroup per 64 keys, so 64 or 128"),
-    ({"block_m": 96}, r"block_m = 96: 64 or 128"),
+    ({"block_m": 72}, r"block_m = 72: a multiple of 16 from 64 to 128"),
+    # 96 rows transposed fit the registers, not two stages of Q and dO beside dS and dQ's staging
+    ({"block_m": 96}, r"shared memory"),
     ({"q_stages": 4}, r"shared memory"),
     # dQ cannot split 128 rows over 2 consumers by columns: 64 rows each need block_m = 128
     ({"block_m": 128}, r"accumulator registers"),
@@ -297,6 +299,43 @@ def test_hopper_backward_dq_split_needs_rows_or_columns_of_64(tmp_path):
     path.write_text(HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64"))
     with pytest.raises(ConfigError, match=r"head_dim 64 gives 32 each"):
         load_config(path)
+
+
+def test_hopper_backward_transposed_dq_needs_64_columns_per_consumer(tmp_path):
+    """block_m 80 computes dQ transposed, 64 head-dim columns per consumer warpgroup: head dim
+    128 over two consumers fits (the default's tile without a mask), head dim 64 does not."""
+    table = HOPPER_BACKWARD_TABLE.replace("block_m = 64\nblock_n = 128\nq_stages",
+                                          "block_m = 80\nblock_n = 128\nq_stages")
+    assert load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", 128)[0].block_m \
+        == 80
+    path = tmp_path / "bad.toml"
+    path.write_text(table.replace("head_dim.128", "head_dim.64"))
+    with pytest.raises(ConfigError, match=r"computes dQ transposed.*head_dim must be 128"):
+        load_config(path)
+
+
+def test_a_mask_table_kept_to_some_score_modifiers_leaves_the_others_the_head_dims_tile(
+        tmp_path):
+    table = ('score_mods = ["none", "softcap"]\n' + HOPPER_BACKWARD_TABLE
+             + '[hopper.sm_90.head_dim.128.backward.none]\nblock_m = 80\nscore_mods = ["none"]\n')
+    config = load_config(write(tmp_path, table))
+    tiles = {m: config.tiles_of("hopper", "bwd", "sm_90", 128, "none", m)[0].block_m
+             for m in ("none", "softcap")}
+    assert tiles == {"none": 80, "softcap": 64}
+    assert {(s.score_mod, s.tile.block_m) for s in enumerate_specs(config, kinds=["bwd"])} == {
+        ("none", 80), ("softcap", 64)}
+
+
+@pytest.mark.parametrize("score_mods, message", [
+    ('["cap"]', r"backward.none.score_mods: unknown score modifier\(s\) \['cap'\]"),
+    ('"none"', r"backward.none.score_mods: 'none': must be a non-empty list"),
+    ("[]", r"must be a non-empty list of score modifier names"),
+])
+def test_a_mask_tables_score_mods_must_name_known_modifiers(tmp_path, score_mods, message):
+    table = HOPPER_BACKWARD_TABLE + ("[hopper.sm_90.head_dim.128.backward.none]\nblock_m = 80\n"
+                                     f"score_mods = {score_mods}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, table))
 
 
 def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_path):

@@ -30,7 +30,7 @@ def test_configured_head_dims_run_exactly_main_tile_first(arch, head_dim, dtype,
     exact = [c for c in choices if not c.pad_head_dim]
     assert list(choices[:len(exact)]) == exact  # a family that would pad comes after
     assert [c.spec.tile for c in exact] == [
-        t for family in order for t in CONFIG.tiles_of(family, kind, arch, head_dim, mask)]
+        t for family in order for t in CONFIG.tiles_of(family, kind, arch, head_dim, mask, "none")]
     for choice in exact:
         spec = choice.spec
         assert (spec.kind, spec.arch, spec.dtype, spec.head_dim, spec.mask) == (

@@ -125,7 +125,9 @@ def test_on_an_h100_dense_gradients_run_on_the_hopper_family_and_varlen_on_the_m
         backward, monkeypatch, mask):
     monkeypatch.delenv("FLASHGEN_FAMILY")
     dense = backward.kernel_for(DEVICE, "bf16", 128, mask)
-    assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_m64n128s2d1"
+    # without a mask the tile is 80 query rows (dQ transposed), causal 64
+    tile = {"none": "m80n128s2d1", "causal": "m64n128s2d1"}[mask]
+    assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_{tile}"
     assert backward.kernel_for(DEVICE, "bf16", 128, mask, varlen=True).family == "mma"
     # head dim 256 has no hopper backward; 80 pads to the mma family's 96, the least padding
     assert backward.kernel_for(DEVICE, "bf16", 256, mask).family == "mma"

@@ -224,11 +224,18 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
 
 def test_hopper_backward_renders_its_traits_and_launch():
     config = load_config(paths.DEFAULT_CONFIG)
-    alibi, added, plain, biased, capped = enumerate_specs(
+    by_mod = {s.score_mod: s for s in enumerate_specs(
         config, kinds=["bwd"], family_names=["hopper"], head_dims=[128], dtypes=["bf16"],
-        masks=["none"], dropout=False)
+        masks=["none"], dropout=False)}
+    alibi, added, plain, biased, capped = (by_mod[m] for m in ("alibi", "bias", "none",
+                                                               "relative_bias", "softcap"))
     text = render.render_spec(plain)
-    assert "flashgen::hopper::BwdTraits<128, 64, 128, 2, true, cutlass::bfloat16_t>" in text
+    assert "flashgen::hopper::BwdTraits<128, 80, 128, 2, true, cutlass::bfloat16_t>" in text
+    # S^T's and dQ^T's n is 80, outside CuTe's base wgmma shapes
+    assert "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in text
+    # the score modifiers keep the head dim's tile (the mask's table keeps to score_mods none)
+    for spec in (alibi, added, biased, capped):
+        assert spec.tile.block_m == 64, spec.name
     launch = "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::"
     assert f"{launch}IdentityScore, flashgen::NoDropout>" in text
     assert f"{launch}Softcap, flashgen::NoDropout>" in render.render_spec(capped)
@@ -243,7 +250,10 @@ def test_hopper_backward_renders_its_traits_and_launch():
     assert "struct relative_bias {" in biased_text and "flashgen_mask_ranges" not in biased_text
     assert ("launch_bwd<Traits, flashgen::NoMask, flashgen::VariantScore<"
             "flashgen::variants::relative_bias>, flashgen::NoDropout>" in biased_text)
-    assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in text
+    (causal,) = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"], head_dims=[128],
+                                dtypes=["bf16"], masks=["causal"], score_mods=["none"],
+                                dropout=False)
+    assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" not in render.render_spec(causal)
 
 
 def test_a_variants_decode_kernel_carries_its_struct_but_computes_no_block_ranges(specs):

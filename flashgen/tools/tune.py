@@ -37,9 +37,10 @@ GRIDS = {
     "hopper": {
         "fwd": {"block_m": (128, 192), "block_n": (64, 80, 112, 128, 144, 176), "kv_stages": (2,),
                 "pingpong": (True,), "overlap": (True,)},
-        # The resource checks leave one or two tiles per head dim (dQ's split and the registers
-        # fix block_m for a block_n); the stages are what is left to choose.
-        "bwd": {"block_m": (64, 128), "block_n": (64, 128), "q_stages": (1, 2, 3),
+        # The resource checks leave one to three tiles per head dim (dQ's split and the
+        # registers fix block_m for a block_n; 80 only at head dim 128); the stages are what is
+        # left to choose.
+        "bwd": {"block_m": (64, 80, 128), "block_n": (64, 128), "q_stages": (1, 2, 3),
                 "dq_before_dk": (False, True)},
     },
 }

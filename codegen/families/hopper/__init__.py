@@ -41,7 +41,7 @@ class FwdTile(Tile):
 @dataclass(frozen=True, order=True)
 class BwdTile(Tile):
     SUFFIX = ("m", "n", "s", "d")
-    block_m: int    # query rows per step (64 or 128)
+    block_m: int    # query rows per step (a multiple of 16, 64 to 128; no multiple of 64: dQ^T)
     block_n: int    # keys per thread block, 64 per consumer warpgroup (64 or 128)
     q_stages: int   # Q and dO tiles in flight in the TMA rings (>= 1)
     dq_before_dk: bool  # dQ's GEMM goes ahead of dK's, whose run hides the issue of dQ's adds

@@ -79,16 +79,24 @@ BACKWARD_CONSUMER_REGISTERS = {1: 256, 2: 240}
 BACKWARD_REGISTER_OVERHEAD = 16
 
 
-def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int) -> int:
-    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging for deterministic runs (two
-    buffers of block_m x head_dim), each stage's lse and D, and the barriers."""
+def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int,
+                          dq_buffers: int = 2) -> int:
+    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (dq_buffers of block_m x
+    head_dim), each stage's lse and D, and the barriers."""
     kv = 2 * _align(block_n * head_dim * ELEMENT_BYTES)
     rings = 2 * _align(q_stages * block_m * head_dim * ELEMENT_BYTES)
     ds = _align(2 * block_m * block_n * ELEMENT_BYTES)
-    dq = 2 * block_m * head_dim * 4
+    dq = dq_buffers * block_m * head_dim * 4
     stats = 2 * q_stages * block_m * 4
     barriers = 2 * 2 * 8 * q_stages + 8
     return kv + rings + ds + dq + stats + barriers
+
+
+def backward_dq_buffers(head_dim: int, block_m: int, block_n: int, q_stages: int,
+                        smem_limit: int) -> int:
+    """dQ staging buffers per consumer: two, so that a step stages its share while the dQ warp
+    still reads the last one, or one where two leave no room (bwd_traits.cuh's kDqBuffers)."""
+    return 2 if backward_shared_bytes(head_dim, block_m, block_n, q_stages, 2) <= smem_limit else 1
 
 
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) -> int:
@@ -96,8 +104,10 @@ def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) ->
     at the softmax S^T and dP^T (64 x block_m fp32 each), converted in place to 16-bit P^T and
     dS^T, which then live beside dQ's share (64 rows x its columns, fp32)."""
     consumers = block_n // 64
-    dq_cols = head_dim if block_m == 64 * consumers else head_dim // consumers
-    return head_dim + max(block_m, block_m // 2 + dq_cols // 2)
+    split_rows = block_m == 64 * consumers
+    dq_cols = head_dim if split_rows else head_dim // consumers
+    dq = (64 if split_rows else block_m) * dq_cols // 128
+    return head_dim + max(block_m, block_m // 2 + dq)
 
 
 def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: int,
@@ -107,19 +117,27 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
         problems.append(f"head_dim {head_dim}: the hopper family needs a multiple of 16 up to 256")
     if block_n not in (64, 128):
         problems.append(f"block_n = {block_n}: one consumer warpgroup per 64 keys, so 64 or 128")
-    if block_m not in (64, 128):
-        problems.append(f"block_m = {block_m}: 64 or 128 (the S^T and dP^T GEMMs' n)")
+    if block_m % 16 or not 64 <= block_m <= 128:
+        problems.append(f"block_m = {block_m}: a multiple of 16 from 64 to 128 (the S^T and dP^T "
+                        f"GEMMs' n, dV's and dK's k)")
     if q_stages < 1:
         problems.append(f"q_stages = {q_stages}: at least 1")
     if problems:
         return problems
     consumers = block_n // 64
-    if block_m != 64 * consumers and (block_m != 64 or head_dim // consumers % 64):
+    if block_m % 64 and head_dim != 64 * consumers:
+        problems.append(f"block_m = {block_m}, block_n = {block_n}: a block_m that is no multiple "
+                        f"of 64 computes dQ transposed, 64 head-dim columns per consumer "
+                        f"warpgroup, so head_dim must be {64 * consumers}")
+    elif block_m % 64 == 0 and block_m != 64 * consumers and (block_m != 64
+                                                            or head_dim // consumers % 64):
         problems.append(f"block_m = {block_m}, block_n = {block_n}: dQ splits over the {consumers} "
                         f"consumer warpgroup(s) by 64 query rows (block_m = {64 * consumers}) or, "
                         f"with block_m = 64, by head-dim columns in multiples of 64 (head_dim "
                         f"{head_dim} gives {head_dim // consumers} each)")
-    smem = backward_shared_bytes(head_dim, block_m, block_n, q_stages)
+    smem = backward_shared_bytes(head_dim, block_m, block_n, q_stages,
+                                 backward_dq_buffers(head_dim, block_m, block_n, q_stages,
+                                                     smem_limit))
     if smem > smem_limit:
         problems.append(f"needs {smem} bytes of shared memory, more than the {smem_limit} a block "
                         f"may use: lower q_stages or block_m")

@@ -46,12 +46,14 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   }
 }
 
-// The workspace holds, per (batch, head, query block), each consumer's dQ share (64 rows x kDqCols)
-// as its 128 threads' accumulator registers, 16 bytes per thread in turn (the order of bwd_kernel's
-// adds). One block converts one query block: float4 i of a share is register group j = i / 128 of
-// thread t = i % 128, which holds rows r and r + 8, columns c and c + 1 (wgmma's accumulator
-// layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j columns 8 j + 2 (l % 4) (+ 1)). The
-// block puts them in place in shared memory, then writes whole rows, 16 bytes per thread.
+// The workspace holds, per (batch, head, query block), each consumer's dQ share (kDqRows x
+// kDqCols, or its transpose) as its 128 threads' accumulator registers, 16 bytes per thread in turn
+// (the order of bwd_kernel's adds). One block converts one query block: float4 i of a share is
+// register group j = i / 128 of thread t = i % 128, which holds rows r and r + 8, columns c and
+// c + 1 of the accumulator (wgmma's layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j
+// columns 8 j + 2 (l % 4) (+ 1)); a transposed share's rows are head-dim columns and its columns
+// query rows. The block puts them in place in shared memory, then writes whole rows, 16 bytes per
+// thread.
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
@@ -59,8 +61,9 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kShare4 = Traits::kDqFloats / 4;
   constexpr int kBlock4 = Traits::kConsumers * kShare4;
-  // Rows padded by 8 floats, so that the 8 rows a warp's float2 writes reach start 8 banks apart.
-  constexpr int kStride = kHeadDim + 8;
+  // Rows padded so that a warp's writes spread over the banks: by 8 floats, the 8 rows its float2
+  // writes reach start 8 banks apart; transposed, by 4, its 4 pairs of query rows start 8 apart.
+  constexpr int kStride = kHeadDim + (Traits::kDqTransposed ? 4 : 8);
   static_assert(kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static shared memory");
   __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
@@ -72,12 +75,20 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
     const int j = i % kShare4 / 128;
     const int thread = i % 128;
     const int lane = thread % 32;
-    int row = thread / 32 * 16 + lane / 4;
+    int row = thread / 32 * 16 + lane / 4;  // the accumulator's
     int col = 8 * j + 2 * (lane % 4);
-    if constexpr (Traits::kDqSplitRows) row += 64 * consumer;
-    else col += Traits::kDqCols * consumer;
-    *reinterpret_cast<float2*>(&tile[row * kStride + col]) = make_float2(v.x, v.y);
-    *reinterpret_cast<float2*>(&tile[(row + 8) * kStride + col]) = make_float2(v.z, v.w);
+    if constexpr (Traits::kDqTransposed) {
+      float* const at = &tile[col * kStride + Traits::kDqCols * consumer + row];
+      at[0] = v.x;
+      at[kStride] = v.y;
+      at[8] = v.z;
+      at[kStride + 8] = v.w;
+    } else {
+      if constexpr (Traits::kDqSplitRows) row += 64 * consumer;
+      else col += Traits::kDqCols * consumer;
+      *reinterpret_cast<float2*>(&tile[row * kStride + col]) = make_float2(v.x, v.y);
+      *reinterpret_cast<float2*>(&tile[(row + 8) * kStride + col]) = make_float2(v.z, v.w);
+    }
   }
   __syncthreads();
   const int batch_head = query_block / m_blocks;

@@ -30,8 +30,8 @@
 namespace flashgen::hopper {
 
 // Named barriers (0 is __syncthreads): every consumer has written its dS^T; per consumer c and
-// staging buffer b (index 2 c + b), the dQ share is staged (full) and the dQ warp has read it
-// (empty).
+// staging buffer b (index c x buffers + b, at most 4), the dQ share is staged (full) and the dQ
+// warp has read it (empty).
 constexpr int kDsWrittenBarrier = 1;
 constexpr int kDqFullBarrier = 2;
 constexpr int kDqEmptyBarrier = 6;
@@ -110,20 +110,21 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
 // every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
 // reduce-add from its first thread, then hands the buffer back. A deterministic run waits for
 // the query block's turn before each add and passes it on once the add is in global memory; the
-// consumers wait only when both their buffers are still queued.
+// consumers wait only when all their buffers are still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
                                               Walk const& walk, float const* staging,
                                               bool deterministic) {
   constexpr int kConsumers = Traits::kConsumers;
+  constexpr int kBuffers = Traits::kDqBuffers;
   const bool leader = threadIdx.x % 32 == 0;
-  for (int i = 0; i < 2 * kConsumers; ++i) {
-    named_arrive(kDqEmptyBarrier + i, kDqHandoffThreads);  // both buffers start empty
+  for (int i = 0; i < kBuffers * kConsumers; ++i) {
+    named_arrive(kDqEmptyBarrier + i, kDqHandoffThreads);  // the buffers start empty
   }
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
        at = walk.next(work.mask, at), ++step) {
-    const int buffer = step & 1;
+    const int buffer = step % kBuffers;
     const int64_t row = work.stats_row(p, at.head, at.m_block);
     float* const dq_block = p.dq_accum + row * Traits::kHeadDim;
     int* const turns =
@@ -132,7 +133,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
                          ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
                          : 0;
     for (int c = 0; c < kConsumers; ++c) {
-      named_sync(kDqFullBarrier + 2 * c + buffer, kDqHandoffThreads);
+      named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
       if (leader) {
         if (deterministic) {
           int seen;
@@ -144,14 +145,14 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
           } while (seen != turn);
         }
         bulk_add_f32(dq_block + c * Traits::kDqFloats,
-                     staging + (2 * c + buffer) * Traits::kDqFloats, Traits::kDqFloats * 4);
+                     staging + (kBuffers * c + buffer) * Traits::kDqFloats, Traits::kDqFloats * 4);
       }
     }
     if (leader) wait_bulk_reads();
     __syncwarp();
-    // (The last two steps' arrivals find no consumer waiting; nothing waits on them either.)
+    // (The last kBuffers steps' arrivals find no consumer waiting; nothing waits on them either.)
     for (int c = 0; c < kConsumers; ++c) {
-      named_arrive(kDqEmptyBarrier + 2 * c + buffer, kDqHandoffThreads);
+      named_arrive(kDqEmptyBarrier + kBuffers * c + buffer, kDqHandoffThreads);
     }
     if (deterministic && leader) {
       for (int c = 0; c < kConsumers; ++c) pass_turn(turns + c, turn + 1);
@@ -308,28 +309,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
   // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
-  // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there. (Element-wise
-  // stores through the swizzled view lose the shared address space: generic stores with 64-bit
-  // address arithmetic.)
-  auto store_ds = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
+  // row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
+  // address space: generic stores with 64-bit address arithmetic.)
+  auto store_ds =
+      make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(thread);
   Tensor tdSsdS = thr_store_ds.partition_D(
       local_tile(sdSt, Shape<_64, BM, _2>{}, make_coord(consumer, _0{}, _0{})));
   Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);
-  // dQ's share: dS (its rows) times K (its columns).
+  // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
+  // columns) times dS^T.
   using DqRows = Int<Traits::kDqRows>;
   using DqCols = Int<Traits::kDqCols>;
-  Tensor tdQrdS = thr_dq.partition_fragment_A(local_tile(
-      sdS, Shape<DqRows, BN, _2>{},
-      make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{})));
-  Tensor tdQrK = thr_dq.partition_fragment_B(local_tile(
-      sKt, Shape<DqCols, BN, _1>{},
-      make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{})));
-  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{});
+  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, _2>{},
+                               make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
+  Tensor sKtShare = local_tile(sKt, Shape<DqCols, BN, _1>{},
+                               make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{}));
+  auto dq_operands = [&] {  // (K's, dS's, the accumulator)
+    if constexpr (Traits::kDqTransposed) {
+      return cute::make_tuple(thr_dq.partition_fragment_A(sKtShare),
+                              thr_dq.partition_fragment_B(sdSShare),
+                              partition_fragment_C(mma_dq, Shape<DqCols, DqRows>{}));
+    } else {
+      return cute::make_tuple(thr_dq.partition_fragment_B(sKtShare),
+                              thr_dq.partition_fragment_A(sdSShare),
+                              partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{}));
+    }
+  };
+  auto [tdQrK, tdQrdS, tdQrdQ] = dq_operands();
   static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
-  // This consumer's two staging buffers, used in turn: the dQ warp reads one while the next step
-  // writes the other.
-  float* const dq_staging = smem.dq + consumer * 2 * Traits::kDqFloats;
+  // This consumer's staging buffers, used in turn: with two, the dQ warp reads one while the next
+  // step writes the other.
+  constexpr int kDqBuffers = Traits::kDqBuffers;
+  float* const dq_staging = smem.dq + consumer * kDqBuffers * Traits::kDqFloats;
 
   clear(tdVrdV);
   clear(tdKrdK);
@@ -341,7 +354,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
        at = walk.next(work.mask, at), ++step) {
     const int head = at.head;
     const int m_block = at.m_block;
-    const int buffer = step & 1;  // this step's dS buffer and dQ staging buffer
+    const int ds_buffer = step & 1;
+    const int dq_buffer = step % kDqBuffers;
     const Mask mask = work.mask.for_head(head);
 
     // This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column
@@ -441,10 +455,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (!Traits::kDqBeforeDk) {
       warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
     }
-    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, buffer));
+    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
     cutlass::arch::fence_view_async_shared();
     named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
-    warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, buffer), tdQrK(_, _, _, 0), tdQrdQ);
+    if constexpr (Traits::kDqTransposed) {
+      // A transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in flight
+      // exceeds the registers (ptxas serialises the wgmmas, C7512): dV's GEMM, issued first and
+      // long done by now, retires before dQ's issues, which frees P^T.
+      warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
+      warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
+    } else {
+      warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
+    }
     if constexpr (Traits::kDqBeforeDk) {
       warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
       warpgroup_wait<1>();
@@ -456,18 +478,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ++do_state;
 
     // dQ's share -> this step's staging buffer (in register order, the layout bwd_aux.cuh
-    // converts from), once the dQ warp has read what it held two steps ago; the dQ warp adds it
-    // to the workspace. (Reductions from registers would hold each thread at its next memory
-    // instruction until the load/store unit had taken them all.)
-    float* const dq_staged = dq_staging + buffer * Traits::kDqFloats;
-    named_sync(kDqEmptyBarrier + 2 * consumer + buffer, kDqHandoffThreads);
+    // converts from), once the dQ warp has read what it held kDqBuffers steps ago; the dQ warp
+    // adds it to the workspace. (Reductions from registers would hold each thread at its next
+    // memory instruction until the load/store unit had taken them all.)
+    float* const dq_staged = dq_staging + dq_buffer * Traits::kDqFloats;
+    named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
     CUTE_UNROLL
     for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
       reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
           make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
     }
     fence_for_bulk_copies();
-    named_arrive(kDqFullBarrier + 2 * consumer + buffer, kDqHandoffThreads);
+    named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);
     pipeline_q.consumer_release(q_state);

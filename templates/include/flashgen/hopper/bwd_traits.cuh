@@ -3,6 +3,8 @@
 // codegen/families/hopper/resources.py mirrors the budgets asserted here.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/numeric_types.h>
@@ -17,7 +19,9 @@ namespace flashgen::hopper {
 // with Q and dO arriving through rings of kStages buffers. Each consumer computes its keys' rows
 // of S^T = K Q^T and dP^T = V dO^T (keys as the GEMMs' M, so that P^T and dS^T are in registers
 // as the A operands of dV += P^T dO and dK += dS^T Q), and a share of dQ = dS K: 64 query rows
-// each where kBlockM = 64 x consumers, else (kBlockM = 64) a share of the head dim's columns.
+// each where kBlockM = 64 x consumers; else a share of the head dim's columns, as dQ = dS K
+// (kBlockM = 64) or, where kBlockM is no multiple of wgmma's 64-row M, as dQ^T = K^T dS^T (the
+// head dim's columns as M: kBlockM = 80 reads each K and V byte for 80 query rows, not 64).
 // kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share's adds issue;
 // it holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDqBeforeDk_,
@@ -33,25 +37,30 @@ struct BwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
 
-  // dQ's share per consumer: 64 rows x kDqCols columns.
+  // dQ's share per consumer: kDqRows query rows x kDqCols head-dim columns, computed transposed
+  // (kDqCols x kDqRows) where kBlockM is no multiple of 64.
   static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
+  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
   static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
   static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumers;
 
   static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
                 "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
-  static_assert(kBlockM % 64 == 0 && kBlockM <= 128, "block_m: 64 or 128");
+  static_assert(kBlockM % 16 == 0 && kBlockM >= 64 && kBlockM <= 128,
+                "block_m: a multiple of 16 from 64 to 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
-  static_assert(kDqSplitRows || (kBlockM == 64 && kDqCols % 64 == 0),
+  static_assert(kDqSplitRows || ((kBlockM == 64 || kDqTransposed) && kDqCols % 64 == 0),
                 "dQ splits over the consumers by 64 query rows (block_m = 64 x consumers) or, "
-                "with block_m = 64, by head-dim columns in multiples of 64");
+                "with block_m = 64 or no multiple of 64, by head-dim columns in multiples of 64");
+  static_assert(!kDqTransposed || kDqCols == 64,
+                "a transposed dQ share is one wgmma's 64 rows: head_dim = 64 x consumers");
   static_assert(kStages >= 1, "q_stages: at least 1");
 
   // Each consumer thread holds its S^T columns' query-row statistics (lse and D, kBlockM / 4 of
-  // each) in registers ahead of use where that fits beside the accumulators (kBlockM = 64);
+  // each) in registers ahead of use where that fits beside the accumulators (kBlockM 64 or 80);
   // kBlockM = 128 reads them from shared memory where used (D spills there, and lse alone in
   // registers ran slower).
-  static constexpr bool kRowStatsInRegisters = kBlockM <= 64;
+  static constexpr bool kRowStatsInRegisters = kBlockM <= 80;
 
   // setmaxnreg: the producer keeps what TMA issue needs, the consumers share the rest
   // (multiples of 8).
@@ -78,25 +87,32 @@ struct BwdTraits {
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<HD, BM, Stages>{},
                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // dS (query rows x keys, two buffers) as dQ's A operand, query rows contiguous (MN-major), and
-  // its transpose, which the consumers write from their dS^T accumulators.
-  using SmemLayoutDs = decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-                                                    cute::Shape<BM, BN, cute::_2>{}));
+  // dS (query rows x keys, two buffers) and its transpose, which the consumers write from their
+  // dS^T accumulators (by stmatrix, transposing where keys are contiguous). As dQ's A operand
+  // query rows are contiguous (MN-major); as dQ^T's B operand keys (K-major: 80 query rows take
+  // no MN-major swizzle wider than 32 bytes, whose wgmma reads are slower).
+  using DsAtom = std::conditional_t<kDqTransposed, decltype(smem_atom<Element, kBlockN>()),
+                                    cute::GMMA::Layout_MN_SW128_Atom<Element>>;
+  using SmemLayoutDs = decltype(cute::tile_to_shape(DsAtom{}, cute::Shape<BM, BN, cute::_2>{}));
+  using DsStoreAtom = std::conditional_t<kDqTransposed, cute::SM90_U16x8_STSM_T,
+                                         cute::SM90_U32x4_STSM_N>;
   using SmemLayoutDst = decltype(cute::composition(
       SmemLayoutDs{}, cute::make_ordered_layout(cute::Shape<BN, BM, cute::_2>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
   // Per consumer: S^T and dP^T (64 keys x kBlockM, both operands from shared memory); dV and dK
-  // (64 keys x head dim, P^T and dS^T from registers); dQ (kDqRows x kDqCols over the block's keys).
+  // (64 keys x head dim, P^T and dS^T from registers); dQ (kDqRows x kDqCols over the block's
+  // keys; dQ^T, kDqCols x kDqRows, K^T's columns times dS^T, where kDqTransposed).
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BM, HD>>()));
   using TiledMmaDkv = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HD, BM>,
                                  cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  using DqShape = std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kDqCols>, BM, BN>,
+                                     cute::Shape<cute::_64, cute::Int<kDqCols>, BN>>;
   using TiledMmaDq = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float,
-                                 cute::Shape<cute::_64, cute::Int<kDqCols>, BN>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::MN>()));
+      cute::GMMA::ss_op_selector<Element, Element, float, DqShape, cute::GMMA::Major::MN,
+                                 kDqTransposed ? cute::GMMA::Major::K : cute::GMMA::Major::MN>()));
   static_assert(cute::size<1>(typename TiledMmaDkv::Shape_MNK{}) == kHeadDim,
                 "dK and dV would split into narrower wgmmas: define "
                 "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
@@ -105,24 +121,30 @@ struct BwdTraits {
 
   // dQ's fp32 share of one query block, per consumer, in the order of its accumulator registers
   // (bwd_aux.cuh reads the workspace in this order).
-  static constexpr int kDqFloats = 64 * kDqCols;
+  static constexpr int kDqFloats = kDqRows * kDqCols;
 
-  struct SharedStorage {
+  template <int kDqBuffers>
+  struct Storage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    // Each consumer's two dQ staging buffers, which the dQ warp adds to the workspace.
-    alignas(128) float dq[kConsumers * 2 * kDqFloats];
+    // Each consumer's dQ staging buffers, which the dQ warp adds to the workspace.
+    alignas(128) float dq[kConsumers * kDqBuffers * kDqFloats];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
     alignas(16) float d[kStages * kBlockM];         // each dO stage's rows' rowsum(dO * O)
     typename PipelineQ::SharedStorage pipeline_q;
     typename PipelineQ::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
   };
+  // Two staging buffers per consumer, so that a step stages its share while the dQ warp still
+  // reads the last one; one where two leave no room (kBlockM = 80 at head dim 128).
+  static constexpr int kSmemLimit = 232448;  // 227 KB
+  static constexpr int kDqBuffers = sizeof(Storage<2>) <= kSmemLimit ? 2 : 1;
+  using SharedStorage = Storage<kDqBuffers>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  static_assert(kSmemBytes <= 232448, "tile needs more than the 227 KB of shared memory");
+  static_assert(kSmemBytes <= kSmemLimit, "tile needs more than the 227 KB of shared memory");
 
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   // A Q (or dO) stage: the tile and its rows' lse (or D).
