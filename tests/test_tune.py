@@ -126,6 +126,24 @@ def test_set_mask_tile_writes_the_keys_that_differ_and_removes_a_redundant_table
         assert load_config(path).tiles_of("hopper", "fwd", "sm_90", 128, "causal") == (main,)
 
 
+def test_set_mask_tile_keeps_the_score_modifiers_a_table_keeps_to(tmp_path):
+    from codegen.families.hopper import BwdTile as HopperBwdTile
+
+    text = paths.DEFAULT_CONFIG.read_text()
+    config = load_config(paths.DEFAULT_CONFIG)
+    main = config.tiles_of("hopper", "bwd", "sm_90", 128)[0]
+    assert config.tiles_of("hopper", "bwd", "sm_90", 128, "none", "none")[0].block_m == 80
+    tuned_tile = HopperBwdTile(80, 128, 2, False)
+    new = tune.set_mask_tile(text, "hopper", "bwd", "sm_90", 128, "none", main, tuned_tile)
+    assert ('[hopper.sm_90.head_dim.128.backward.none]\nblock_m = 80\ndq_before_dk = false\n'
+            'score_mods = ["none"]\n') in new
+    path = tmp_path / "tuned.toml"
+    path.write_text(new)
+    tuned = load_config(path)
+    assert tuned.tiles_of("hopper", "bwd", "sm_90", 128, "none", "none") == (tuned_tile,)
+    assert tuned.tiles_of("hopper", "bwd", "sm_90", 128, "none", "softcap") == (main,)
+
+
 @pytest.mark.parametrize("tile", [FwdTile(128, 64, 8, 3), BwdTile(64, 128, 8, 2)])
 def test_parse_tile_inverts_suffix(tile):
     assert tune.parse_tile(tile.suffix, type(tile)) == tile

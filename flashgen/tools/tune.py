@@ -20,6 +20,7 @@ import re
 
 from codegen import build
 from codegen.arch import ARCHS
+from codegen.config import SCORE_MODS_KEY
 from codegen.families import FAMILIES
 from codegen.family import Tile
 from codegen.masks import Band
@@ -283,7 +284,13 @@ def set_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int,
 def set_mask_tile(config_text: str, family: str, kind: str, arch: str, head_dim: int, mask: str,
                   main: Tile, tile: Tile | None) -> str:
     """The config text with the mask's table under the kind's (the keys where tile differs from
-    the main tile), or without it when tile is None or the main tile."""
+    the main tile, and the score modifiers the table keeps to, if it did), or without it when
+    tile is None or the main tile."""
+    header = f"[{_kind_table(family, kind, arch, head_dim)}.{mask}]"
     body = "".join(f"{key} = {_toml(getattr(tile, key))}\n" for key in main.keys()
                    if getattr(tile, key) != getattr(main, key)) if tile not in (None, main) else None
-    return _set_table(config_text, f"[{_kind_table(family, kind, arch, head_dim)}.{mask}]", body)
+    kept_to = re.search(rf"^{re.escape(header)}\n(?:[a-z_]+\s*=.*\n)*?({SCORE_MODS_KEY}\s*=.*)$",
+                        config_text, re.MULTILINE)
+    if body is not None and kept_to:
+        body += kept_to.group(1) + "\n"
+    return _set_table(config_text, header, body)
