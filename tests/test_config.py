@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from codegen import paths
+from codegen.arch import ARCHS
 from codegen.config import ConfigError, load_config
 from codegen.spec import enumerate_specs
+from codegen.families import hopper
+from codegen.families.hopper import resources as hopper_resources
 from codegen.families.mma import BwdTile, FwdTile
 
 TILE = "block_m = 128\nblock_n = 64\nwarps = 4\nkv_stages = 2\n"
@@ -273,9 +276,10 @@ dq_before_dk = true
 @pytest.mark.parametrize("overrides, message", [
     ({"block_n": 192}, r"block_n = 192: one consumer warpgroup per 64 keys, so 64 or 128"),
     ({"block_m": 72}, r"block_m = 72: a multiple of 16 from 64 to 128"),
-    # 96 rows transposed fit the registers, not two stages of Q and dO beside dS and dQ's staging
-    ({"block_m": 96}, r"shared memory"),
-    ({"q_stages": 4}, r"shared memory"),
+    # 96 rows transposed fit the registers, not three Q stages beside one of dO, dS and dQ's
+    # staging in halves
+    ({"block_m": 96, "q_stages": 3}, r"shared memory"),
+    ({"q_stages": 8}, r"shared memory"),
     # dQ cannot split 128 rows over 2 consumers by columns: 64 rows each need block_m = 128
     ({"block_m": 128}, r"accumulator registers"),
 ])
@@ -312,6 +316,41 @@ def test_hopper_backward_transposed_dq_needs_64_columns_per_consumer(tmp_path):
     path.write_text(table.replace("head_dim.128", "head_dim.64"))
     with pytest.raises(ConfigError, match=r"computes dQ transposed.*head_dim must be 128"):
         load_config(path)
+
+
+def test_hopper_backward_above_head_dim_128_splits_the_head_dim_of_64_keys(tmp_path):
+    """Two consumers share 64 keys of 64 query rows and split head dim 256 in 128-column
+    halves; other tiles, and head dims that do not split into 64-column swizzle atoms, are
+    refused (without a backward table their gradients run on the mma family)."""
+    table = HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.256").replace(
+        "block_n = 128\nq_stages", "block_n = 64\nq_stages").replace(
+        "block_n = 128\nkv_stages", "block_n = 80\nkv_stages")  # the forward's hd256 tile
+    assert load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", 256)[0] == \
+        hopper.BwdTile(block_m=64, block_n=64, q_stages=2, dq_before_dk=True)
+    for bad in (table.replace("block_n = 64\nq_stages", "block_n = 128\nq_stages"),
+                table.replace("head_dim.256", "head_dim.192")):
+        path = tmp_path / "bad.toml"
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match=r"two consumer warpgroups share 64 keys"):
+            load_config(path)
+
+
+@pytest.mark.parametrize("head_dim, block_m, block_n, q_stages, plan", [
+    (64, 128, 128, 2, (2, 2, 1)),   # dO as deep as Q, two staging buffers
+    (128, 80, 128, 2, (2, 1, 1)),   # one buffer
+    (128, 64, 128, 4, (1, 1, 1)),   # one dO stage
+    (256, 64, 64, 2, (1, 1, 2)),    # a share staged in halves
+    (256, 64, 64, 1, (1, 1, 1)),
+])
+def test_hopper_backward_memory_plan_keeps_q_stages_first(head_dim, block_m, block_n, q_stages,
+                                                          plan):
+    """(dO stages, dQ staging buffers, pieces per share): what bwd_traits.cuh gives up, in
+    order, to fit 227 KB."""
+    limit = ARCHS["sm_90"].smem_limit
+    assert hopper_resources.backward_memory_plan(head_dim, block_m, block_n, q_stages,
+                                                 limit) == plan
+    assert hopper_resources.backward_shared_bytes(head_dim, block_m, block_n, q_stages,
+                                                  *plan) <= limit
 
 
 def test_a_mask_table_kept_to_some_score_modifiers_leaves_the_others_the_head_dims_tile(

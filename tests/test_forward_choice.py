@@ -96,12 +96,21 @@ def test_flashgen_family_restricts_dispatch(forward, monkeypatch):
         forward.kernel_for(DEVICE, "bf16", 64, "none", 256, 4096)
 
 
-def test_a_forced_family_without_a_backward_leaves_the_backward_to_one_with_it(monkeypatch):
+def test_a_forced_family_without_a_backward_leaves_the_backward_to_one_with_it(monkeypatch,
+                                                                                tmp_path):
     from flashgen import registry
 
+    config = tmp_path / "flashgen.toml"  # a hopper forward at head dim 128, no hopper backward
+    config.write_text(
+        "[mma.sm_90.head_dim.128]\nblock_m = 128\nblock_n = 32\nwarps = 4\nkv_stages = 3\n"
+        "[mma.sm_90.head_dim.128.backward]\nblock_m = 64\nblock_n = 128\nwarps = 8\n"
+        "q_stages = 2\n"
+        "[hopper.sm_90.head_dim.128]\nblock_m = 128\nblock_n = 128\nkv_stages = 2\n"
+        "pingpong = true\noverlap = true\n")
+    monkeypatch.setenv("FLASHGEN_CONFIG", str(config))
     monkeypatch.setenv("FLASHGEN_FAMILY", "hopper")
-    (first, *_) = registry.candidates("sm_90", "bwd", "bf16", 256, "none")
-    assert first.spec.family == "mma"  # the hopper family has no head dim 256 backward
+    (first, *_) = registry.candidates("sm_90", "bwd", "bf16", 128, "none")
+    assert first.spec.family == "mma"
 
 
 @pytest.fixture
@@ -129,8 +138,11 @@ def test_on_an_h100_dense_gradients_run_on_the_hopper_family_and_varlen_on_the_m
     tile = {"none": "m80n128s2d1", "causal": "m64n128s2d1"}[mask]
     assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_{tile}"
     assert backward.kernel_for(DEVICE, "bf16", 128, mask, varlen=True).family == "mma"
-    # head dim 256 has no hopper backward; 80 pads to the mma family's 96, the least padding
-    assert backward.kernel_for(DEVICE, "bf16", 256, mask).family == "mma"
+    # head dim 256's consumers split the head dim over 64 keys; 192 has no hopper backward, and
+    # 80 pads to the mma family's 96, the least padding
+    assert backward.kernel_for(DEVICE, "bf16", 256, mask).name == (
+        f"bwd_hopper_sm90_bf16_hd256_{mask}_m64n64s2d1")
+    assert backward.kernel_for(DEVICE, "bf16", 192, mask).family == "mma"
     assert backward._choose(0, "bf16", 80, mask)[0].spec.name.startswith("bwd_mma_sm90_bf16_hd96")
 
 

@@ -79,30 +79,55 @@ BACKWARD_CONSUMER_REGISTERS = {1: 256, 2: 240}
 BACKWARD_REGISTER_OVERHEAD = 16
 
 
+def backward_splits_head_dim(head_dim: int) -> bool:
+    """Above head dim 128 one consumer's 64 keys' dK and dV (64 x head_dim fp32 each) exceed its
+    registers: two consumer warpgroups share the block's 64 keys and split the head dim's columns
+    of dK, dV and dQ, P^T joining dS^T in shared memory (bwd_traits.cuh's kSplitHeadDim)."""
+    return head_dim > 128
+
+
+def backward_consumers(head_dim: int, block_n: int) -> int:
+    """Consumer warpgroups of a backward block: one per 64 keys, or two splitting the head dim."""
+    return 2 if backward_splits_head_dim(head_dim) else block_n // 64
+
+
 def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: int,
-                          dq_buffers: int = 2) -> int:
-    """K and V, the Q and dO rings, two dS buffers, dQ's fp32 staging (dq_buffers of block_m x
-    head_dim), each stage's lse and D, and the barriers."""
+                          do_stages: int, dq_buffers: int, dq_pieces: int) -> int:
+    """K and V, the Q and dO rings, two dS buffers (and two for P, split by the head dim), dQ's
+    fp32 staging (dq_buffers of block_m x head_dim / dq_pieces over the consumers), each stage's
+    lse and D, and the barriers."""
     kv = 2 * _align(block_n * head_dim * ELEMENT_BYTES)
-    rings = 2 * _align(q_stages * block_m * head_dim * ELEMENT_BYTES)
-    ds = _align(2 * block_m * block_n * ELEMENT_BYTES)
-    dq = dq_buffers * block_m * head_dim * 4
-    stats = 2 * q_stages * block_m * 4
-    barriers = 2 * 2 * 8 * q_stages + 8
+    rings = (_align(q_stages * block_m * head_dim * ELEMENT_BYTES)
+             + _align(do_stages * block_m * head_dim * ELEMENT_BYTES))
+    ds_buffers = 4 if backward_splits_head_dim(head_dim) else 2
+    ds = _align(ds_buffers * block_m * block_n * ELEMENT_BYTES)
+    dq = dq_buffers * block_m * head_dim * 4 // dq_pieces
+    stats = (q_stages + do_stages) * block_m * 4
+    barriers = 2 * 8 * (q_stages + do_stages) + 8
     return kv + rings + ds + dq + stats + barriers
 
 
-def backward_dq_buffers(head_dim: int, block_m: int, block_n: int, q_stages: int,
-                        smem_limit: int) -> int:
-    """dQ staging buffers per consumer: two, so that a step stages its share while the dQ warp
-    still reads the last one, or one where two leave no room (bwd_traits.cuh's kDqBuffers)."""
-    return 2 if backward_shared_bytes(head_dim, block_m, block_n, q_stages, 2) <= smem_limit else 1
+def backward_memory_plan(head_dim: int, block_m: int, block_n: int, q_stages: int,
+                         smem_limit: int) -> tuple[int, int, int]:
+    """(dO's stages, dQ staging buffers per consumer, pieces a share is staged in): the first that
+    fits of dO's ring as deep as Q's with two buffers, with one, then one dO stage, then the
+    share staged in two halves (bwd_traits.cuh's kDoStages, kDqBuffers, kDqPieces)."""
+    def fits(do_stages, dq_buffers, dq_pieces):
+        return backward_shared_bytes(head_dim, block_m, block_n, q_stages, do_stages, dq_buffers,
+                                     dq_pieces) <= smem_limit
+    dq_buffers = 2 if fits(q_stages, 2, 1) else 1
+    do_stages = q_stages if fits(q_stages, dq_buffers, 1) else 1
+    return do_stages, dq_buffers, 1 if fits(do_stages, dq_buffers, 1) else 2
 
 
 def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) -> int:
     """Per consumer thread (64 keys, 128 threads): dK and dV (64 x head_dim fp32 each) throughout;
     at the softmax S^T and dP^T (64 x block_m fp32 each), converted in place to 16-bit P^T and
-    dS^T, which then live beside dQ's share (64 rows x its columns, fp32)."""
+    dS^T, which then live beside dQ's share (64 rows x its columns, fp32). Split by the head dim:
+    dK and dV of half the columns; S^T and dP^T of half the rows, gone to shared memory before
+    dQ's share (64 x half the columns) exists."""
+    if backward_splits_head_dim(head_dim):
+        return head_dim // 2 + max(block_m // 2 + block_m // 4, 64 * head_dim // 2 // 128)
     consumers = block_n // 64
     split_rows = block_m == 64 * consumers
     dq_cols = head_dim if split_rows else head_dim // consumers
@@ -124,8 +149,14 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
         problems.append(f"q_stages = {q_stages}: at least 1")
     if problems:
         return problems
-    consumers = block_n // 64
-    if block_m % 64 and head_dim != 64 * consumers:
+    consumers = backward_consumers(head_dim, block_n)
+    if backward_splits_head_dim(head_dim):
+        if head_dim != 256 or block_n != 64 or block_m != 64:
+            problems.append(f"head_dim {head_dim}: above 128 two consumer warpgroups share 64 keys "
+                            f"(block_n = 64) of 64 query rows (block_m = 64) and split the head "
+                            f"dim in 64-column swizzle atoms, so head_dim 256 only; without a "
+                            f"backward table a head dim's gradients run on the mma family")
+    elif block_m % 64 and head_dim != 64 * consumers:
         problems.append(f"block_m = {block_m}, block_n = {block_n}: a block_m that is no multiple "
                         f"of 64 computes dQ transposed, 64 head-dim columns per consumer "
                         f"warpgroup, so head_dim must be {64 * consumers}")
@@ -136,8 +167,8 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
                         f"with block_m = 64, by head-dim columns in multiples of 64 (head_dim "
                         f"{head_dim} gives {head_dim // consumers} each)")
     smem = backward_shared_bytes(head_dim, block_m, block_n, q_stages,
-                                 backward_dq_buffers(head_dim, block_m, block_n, q_stages,
-                                                     smem_limit))
+                                 *backward_memory_plan(head_dim, block_m, block_n, q_stages,
+                                                       smem_limit))
     if smem > smem_limit:
         problems.append(f"needs {smem} bytes of shared memory, more than the {smem_limit} a block "
                         f"may use: lower q_stages or block_m")

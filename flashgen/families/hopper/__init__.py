@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from codegen import params
+from codegen.families.hopper.resources import backward_consumers
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
 
@@ -44,7 +45,8 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     batch, seqlen_q, heads, head_dim = q.shape
     query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
     rows = query_blocks * spec.tile.block_m
-    turns = query_blocks * (spec.tile.block_n // 64) if deterministic else 0
+    consumers = backward_consumers(head_dim, spec.tile.block_n)
+    turns = query_blocks * consumers if deterministic else 0
     scratch = torch.empty(rows * (head_dim + 2) + turns, dtype=torch.float32, device=q.device)
     address = scratch.data_ptr()
     args = params.bwd_args(

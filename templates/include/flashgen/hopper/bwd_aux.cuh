@@ -53,25 +53,41 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
 // c + 1 of the accumulator (wgmma's layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j
 // columns 8 j + 2 (l % 4) (+ 1)); a transposed share's rows are head-dim columns and its columns
 // query rows. The block puts them in place in shared memory, then writes whole rows, 16 bytes per
-// thread.
+// thread. Where the query block's tile exceeds static shared memory (head dim 256), its shares
+// of the head dim's columns convert in blocks of their own.
+template <class Traits>
+struct DqConvert {
+  static constexpr int kWidth = Traits::kHeadDim;
+  // Rows padded so that a warp's writes spread over the banks: by 8 floats, the 8 rows its float2
+  // writes reach start 8 banks apart; transposed, by 4, its 4 pairs of query rows start 8 apart.
+  static constexpr int kPad = Traits::kDqTransposed ? 4 : 8;
+  static constexpr bool kPerShare =
+      Traits::kBlockM * (kWidth + kPad) * 4 > 48 * 1024 && !Traits::kDqSplitRows;
+  static constexpr int kShares = kPerShare ? 1 : Traits::kConsumers;  // per block
+  static constexpr int kCols = kPerShare ? Traits::kDqCols : kWidth;  // per block
+  static constexpr int kStride = kCols + kPad;
+  static_assert(!kPerShare || !Traits::kDqTransposed);
+  static_assert(Traits::kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static memory");
+  static constexpr int kBlocksPerQueryBlock = Traits::kConsumers / kShares;
+};
+
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
+  using Convert = DqConvert<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kShare4 = Traits::kDqFloats / 4;
-  constexpr int kBlock4 = Traits::kConsumers * kShare4;
-  // Rows padded so that a warp's writes spread over the banks: by 8 floats, the 8 rows its float2
-  // writes reach start 8 banks apart; transposed, by 4, its 4 pairs of query rows start 8 apart.
-  constexpr int kStride = kHeadDim + (Traits::kDqTransposed ? 4 : 8);
-  static_assert(kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static shared memory");
+  constexpr int kBlock4 = Convert::kShares * kShare4;
+  constexpr int kStride = Convert::kStride;
   __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int query_block = int(blockIdx.x);  // (batch, head, m_block)
-  const float4* in = reinterpret_cast<const float4*>(p.dq_accum) + int64_t(query_block) * kBlock4;
+  const int query_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
+  const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
+  const float4* in = reinterpret_cast<const float4*>(p.dq_accum) +
+                     int64_t(query_block) * Traits::kConsumers * kShare4 + first_share * kShare4;
   for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
     const float4 v = in[i];
-    const int consumer = i / kShare4;
+    const int consumer = i / kShare4;  // of the block's
     const int j = i % kShare4 / 128;
     const int thread = i % 128;
     const int lane = thread % 32;
@@ -96,8 +112,9 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   const DenseSeqs seq(p, batch_head / p.heads);
   Element* dq = static_cast<Element*>(p.dq) +
                 seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                             batch_head % p.heads);
-  constexpr int kChunksPerRow = kHeadDim / 8;
+                             batch_head % p.heads) +
+                Convert::kCols * first_share;
+  constexpr int kChunksPerRow = Convert::kCols / 8;
   for (int i = int(threadIdx.x); i < kBlockM * kChunksPerRow; i += kAuxThreads) {
     const int row = i / kChunksPerRow;
     const int col = i % kChunksPerRow * 8;

@@ -7,10 +7,12 @@
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
 //   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
-// and stages its dQ share in shared memory for warpgroup 0's second warp, which adds it to the
-// fp32 workspace by one bulk reduce-add (a deterministic run: in each query block's turn). After
-// the walk, dK and dV leave through K's and V's buffers. bwd_aux.cuh prepares lse and D before
-// and converts dQ after.
+// or, above head dim 128, the two consumers share 64 keys, each computing S^T and dP^T for half
+// the query rows and, once both have put P^T and dS^T in shared memory, dV, dK and dQ for half
+// the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
+// for warpgroup 0's second warp, which adds it to the fp32 workspace by bulk reduce-adds (a
+// deterministic run: in each query block's turn). After the walk, dK and dV leave through K's
+// and V's buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -108,9 +110,10 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
 
 // The dQ warp (warpgroup 0's second warp): walks the steps as the consumers do, and in each adds
 // every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
-// reduce-add from its first thread, then hands the buffer back. A deterministic run waits for
-// the query block's turn before each add and passes it on once the add is in global memory; the
-// consumers wait only when all their buffers are still queued.
+// reduce-add per piece from its first thread, handing the buffer back after each. A
+// deterministic run waits for the query block's turn before a share's first piece and passes it
+// on once the share is in global memory; the consumers wait only when all their buffers are
+// still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
                                               Walk const& walk, float const* staging,
@@ -132,32 +135,47 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     const int turn = deterministic && leader
                          ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
                          : 0;
-    for (int c = 0; c < kConsumers; ++c) {
-      named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
-      if (leader) {
-        if (deterministic) {
-          int seen;
-          do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
-                         : "=r"(seen)
-                         : "l"(turns + c)
-                         : "memory");
-          } while (seen != turn);
+    constexpr int kPieceFloats = Traits::kDqPieceFloats;
+    for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+      for (int c = 0; c < kConsumers; ++c) {
+        named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
+        if (leader) {
+          if (deterministic && piece == 0) {
+            int seen;
+            do {
+              asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
+                           : "=r"(seen)
+                           : "l"(turns + c)
+                           : "memory");
+            } while (seen != turn);
+          }
+          bulk_add_f32(dq_block + c * Traits::kDqFloats + piece * kPieceFloats,
+                       staging + (kBuffers * c + buffer) * kPieceFloats, kPieceFloats * 4);
         }
-        bulk_add_f32(dq_block + c * Traits::kDqFloats,
-                     staging + (kBuffers * c + buffer) * Traits::kDqFloats, Traits::kDqFloats * 4);
       }
-    }
-    if (leader) wait_bulk_reads();
-    __syncwarp();
-    // (The last kBuffers steps' arrivals find no consumer waiting; nothing waits on them either.)
-    for (int c = 0; c < kConsumers; ++c) {
-      named_arrive(kDqEmptyBarrier + kBuffers * c + buffer, kDqHandoffThreads);
+      if (leader) wait_bulk_reads();
+      __syncwarp();
+      // (The last kBuffers steps' arrivals find no consumer waiting; nothing waits on them.)
+      for (int c = 0; c < kConsumers; ++c) {
+        named_arrive(kDqEmptyBarrier + kBuffers * c + buffer, kDqHandoffThreads);
+      }
     }
     if (deterministic && leader) {
       for (int c = 0; c < kConsumers; ++c) pass_turn(turns + c, turn + 1);
     }
   }
+}
+
+// A Q or dO ring: warpgroup 0 produces (its first thread loads), the consumers consume.
+template <class Ring, class Traits>
+__device__ __forceinline__ Ring make_ring(typename Ring::SharedStorage& storage, bool producer,
+                                          bool leader) {
+  typename Ring::Params params;
+  params.transaction_bytes = Traits::kStageBytes;
+  params.role = producer ? Ring::ThreadCategory::Producer : Ring::ThreadCategory::Consumer;
+  params.is_leader = leader;
+  params.num_consumers = Traits::kConsumerThreads;
+  return Ring(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
 template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
@@ -166,6 +184,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   using namespace cute;
   using Element = typename Traits::Element;
   using Pipeline = typename Traits::PipelineQ;
+  using PipelineDo = typename Traits::PipelineDo;
   using HD = typename Traits::HD;
   using BM = typename Traits::BM;
   using BN = typename Traits::BN;
@@ -183,14 +202,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool producer_thread = threadIdx.x == 0;
 
-  typename Pipeline::Params pipe_params;
-  pipe_params.transaction_bytes = Traits::kStageBytes;
-  pipe_params.role = warpgroup == 0 ? Pipeline::ThreadCategory::Producer
-                                    : Pipeline::ThreadCategory::Consumer;
-  pipe_params.is_leader = producer_thread;
-  pipe_params.num_consumers = Traits::kConsumerThreads;
-  Pipeline pipeline_q(smem.pipeline_q, pipe_params, Shape<_1, _1, _1>{});
-  Pipeline pipeline_do(smem.pipeline_do, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_q = make_ring<Pipeline, Traits>(smem.pipeline_q, warpgroup == 0,
+                                                    producer_thread);
+  PipelineDo pipeline_do = make_ring<PipelineDo, Traits>(smem.pipeline_do, warpgroup == 0,
+                                                         producer_thread);
   if (producer_thread) {
     TxBarrier::init(&smem.kv_full, 1);
     prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
@@ -205,9 +220,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
   Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDo{});
   Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDot{});
   Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDs{});
   Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDst{});
 
@@ -240,10 +255,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
     Tensor mdO = tmas.dout.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
-    auto do_state = cutlass::make_producer_start_state<Pipeline>();
+    auto do_state = cutlass::make_producer_start_state<PipelineDo>();
     // Query block m_block of `head` from the tma's tensor m into the ring's next stage, with its
     // rows of the per-row statistic `stats` (row-padded, so whole and 16-byte aligned).
-    auto load_rows = [&](auto const& tma, auto const& m, auto& s, Pipeline& pipeline,
+    auto load_rows = [&](auto const& tma, auto const& m, auto& s, auto& pipeline,
                          auto& state, float const* stats, float* stats_stages, int head,
                          int m_block) {
       pipeline.producer_acquire(state);
@@ -258,19 +273,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     };
     for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at); at = walk.next(work.mask, at)) {
       if (producer_thread) {
-        load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2,
-                  at.head, at.m_block);
-        load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
-                  at.m_block);
+        auto load_q = [&] {
+          load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2,
+                    at.head, at.m_block);
+        };
+        auto load_do = [&] {
+          load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
+                    at.m_block);
+        };
+        if constexpr (Traits::kDoFirst) {
+          load_do();
+          load_q();
+        } else {
+          load_q();
+          load_do();
+        }
       }
     }
     return;
   }
 
-  // A consumer warpgroup: keys [64 c, 64 c + 64) of the block.
+  // A consumer warpgroup: keys [64 c, 64 c + 64) of the block, or (split by the head dim) all 64
+  // keys, query rows [kRows c, kRows c + kRows) and head-dim columns [kKvCols c, kKvCols c +
+  // kKvCols).
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
+  using Rows = typename Traits::Rows;
+  using KvCols = typename Traits::KvCols;
   const int consumer = warpgroup - 1;
   const int thread = threadIdx.x % 128;
+  const int key_share = kSplitHeadDim ? 0 : consumer;  // which 64 keys, rows or columns it owns
+  const int row_share = kSplitHeadDim ? consumer : 0;
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDkv mma_dkv;
@@ -279,17 +312,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto thr_dkv = mma_dkv.get_thread_slice(thread);
   auto thr_dq = mma_dq.get_thread_slice(thread);
 
-  // S^T = K Q^T and dP^T = V dO^T over this consumer's keys (descriptors).
+  // S^T = K Q^T and dP^T = V dO^T over this consumer's keys and query rows (descriptors).
   auto own_keys = [&](auto const& s) {
-    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(consumer, _0{}));
+    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(key_share, _0{}));
+  };
+  auto own_rows = [&](auto const& s) {  // of every stage
+    return local_tile(s, make_shape(Rows{}, HD{}, size<2>(s)),
+                      make_coord(row_share, _0{}, _0{}));
   };
   Tensor tSrK = thr_sdp.partition_fragment_A(own_keys(sK));
   Tensor tSrV = thr_sdp.partition_fragment_A(own_keys(sV));
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, BM>{});
-  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, BM>{}));  // (key, row)
+  Tensor tSrQ = thr_sdp.partition_fragment_B(own_rows(sQ));
+  Tensor tSrdO = thr_sdp.partition_fragment_B(own_rows(sdO));
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Rows>{}));  // (key, row)
   // tScS as (key, query row) rows and columns: each of the kQueryCols columns is one query row
   // of the block.
   Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
@@ -299,15 +336,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // beside its accumulator) nor beside dropout's random bits: they spill.
   constexpr bool kStatsInRegisters =
       Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
-  // P^T and dS^T in 16 bits, as the A operands of dV += P^T dO and dK += dS^T Q.
+  // P^T and dS^T in 16 bits: the A operands of dV += P^T dO and dK += dS^T Q, from registers,
+  // or split by the head dim from the P and dS buffers (descriptors, one per buffer).
   Tensor tSrP = make_tensor<Element>(tSrS.layout());
   Tensor tSrdS = make_tensor<Element>(tSrS.layout());
-  Tensor tdVrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));
-  Tensor tdKrdS = make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout()));
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, HD>{});
+  auto dkv_a_operands = [&] {  // (P^T's, dS^T's)
+    if constexpr (kSplitHeadDim) {
+      return cute::make_tuple(thr_dkv.partition_fragment_A(sdSt),
+                              thr_dkv.partition_fragment_A(sdSt));
+    } else {
+      return cute::make_tuple(make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout())),
+                              make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout())));
+    }
+  };
+  auto dkv_a = dkv_a_operands();
+  auto& tdVrP = get<0>(dkv_a);  // (lambdas capture no structured bindings before C++20)
+  auto& tdKrdS = get<1>(dkv_a);
+  auto own_cols = [&](auto const& s) {  // of every stage
+    return local_tile(s, make_shape(KvCols{}, BM{}, size<2>(s)),
+                      make_coord(row_share, _0{}, _0{}));
+  };
+  Tensor tdVrdO = thr_dkv.partition_fragment_B(own_cols(sdOt));
+  Tensor tdKrQ = thr_dkv.partition_fragment_B(own_cols(sQt));
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});
   // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
   // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
   // row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
@@ -316,13 +368,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(thread);
   Tensor tdSsdS = thr_store_ds.partition_D(
-      local_tile(sdSt, Shape<_64, BM, _2>{}, make_coord(consumer, _0{}, _0{})));
+      local_tile(sdSt, Shape<_64, Rows, typename Traits::DsBuffers>{},
+                 make_coord(key_share, row_share, _0{})));
   Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);
+  Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);
   // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
   // columns) times dS^T.
   using DqRows = Int<Traits::kDqRows>;
   using DqCols = Int<Traits::kDqCols>;
-  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, _2>{},
+  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
                                make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
   Tensor sKtShare = local_tile(sKt, Shape<DqCols, BN, _1>{},
                                make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{}));
@@ -342,27 +396,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // This consumer's staging buffers, used in turn: with two, the dQ warp reads one while the next
   // step writes the other.
   constexpr int kDqBuffers = Traits::kDqBuffers;
-  float* const dq_staging = smem.dq + consumer * kDqBuffers * Traits::kDqFloats;
+  float* const dq_staging = smem.dq + consumer * kDqBuffers * Traits::kDqPieceFloats;
 
   clear(tdVrdV);
   clear(tdKrdK);
   if (walk.has_steps()) TxBarrier::wait(&smem.kv_full, 0);
-  typename Pipeline::PipelineState q_state, do_state;
-  const int key0 = work.n_block * kBlockN + consumer * 64;
+  typename Pipeline::PipelineState q_state;
+  typename PipelineDo::PipelineState do_state;
+  const int key0 = work.n_block * kBlockN + key_share * 64;
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
        at = walk.next(work.mask, at), ++step) {
     const int head = at.head;
     const int m_block = at.m_block;
-    const int ds_buffer = step & 1;
+    const int ds_buffer = step & 1;  // P's: 2 + ds_buffer
     const int dq_buffer = step % kDqBuffers;
     const Mask mask = work.mask.for_head(head);
 
     // This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column
     // of its S^T accumulator: read into registers ahead of use where the tile leaves room for
     // them, so that their latency hides under a GEMM, else from shared memory where used.
-    const float* const lse_stage = smem.lse_log2 + q_state.index() * kBlockM;
-    const float* const d_stage = smem.d + do_state.index() * kBlockM;
+    const int share_row = Traits::kRows * row_share;  // this consumer's first query row
+    const float* const lse_stage = smem.lse_log2 + q_state.index() * kBlockM + share_row;
+    const float* const d_stage = smem.d + do_state.index() * kBlockM + share_row;
     float lse_regs[kQueryCols], d_regs[kQueryCols];
     auto lse_log2 = [&](int c) {
       if constexpr (kStatsInRegisters) return lse_regs[c];
@@ -373,23 +429,34 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       else return d_stage[query_col_row(c)];
     };
 
-    pipeline_q.consumer_wait(q_state);
-    warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
-    if constexpr (kStatsInRegisters) {
-      CUTE_UNROLL
-      for (int c = 0; c < kQueryCols; ++c) lse_regs[c] = lse_stage[query_col_row(c)];
+    auto read_lse = [&] {
+      if constexpr (kStatsInRegisters) {
+        CUTE_UNROLL
+        for (int c = 0; c < kQueryCols; ++c) lse_regs[c] = lse_stage[query_col_row(c)];
+      }
+    };
+    if constexpr (Traits::kDoFirst) {
+      pipeline_do.consumer_wait(do_state);
+      warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+      pipeline_q.consumer_wait(q_state);
+      warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+      read_lse();
+    } else {
+      pipeline_q.consumer_wait(q_state);
+      warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+      read_lse();
+      pipeline_do.consumer_wait(do_state);
+      warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
     }
-    pipeline_do.consumer_wait(do_state);
-    warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
 
     // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
     // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
     // modifier's derivative; masked scores are -inf, and a padded row's lse_log2 +inf, so both
-    // give P = 0. Where the modifier's derivative is 1 (none, ALiBi) P is computed while dP^T is
-    // still on the tensor cores; otherwise P waits for dP^T, so the modified scores need no
-    // registers of their own (the derivative is a function of them).
-    warpgroup_wait<1>();
-    const int row0 = m_block * kBlockM;
+    // give P = 0. Where the modifier's derivative is 1 (none, ALiBi) and dP^T's GEMM went second,
+    // P is computed while dP^T is still on the tensor cores; otherwise P waits for dP^T, so the
+    // modified scores need no registers of their own (the derivative is a function of them).
+    warpgroup_wait<Traits::kDoFirst ? 0 : 1>();
+    const int row0 = m_block * kBlockM + share_row;
     const ScoreMod score_mod(p, work.batch, head, p.mask_offset);
     const Dropout dropout(p, work.batch, head);
     if constexpr (!ScoreMod::kIdentity) {
@@ -448,16 +515,38 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert_into(tSrP, tSrS);
     convert_into(tSrdS, tSrdP);
 
-    // dV's GEMM runs while dS^T goes to this step's dS buffer. The other buffer's last reader,
-    // the previous step's dQ, is done in every consumer: each waited for it before writing this
-    // step's.
-    warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_state.index()), tdVrdV);
-    if constexpr (!Traits::kDqBeforeDk) {
-      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+    // P^T and dS^T from registers: dV's GEMM runs while dS^T goes to this step's dS buffer. Split
+    // by the head dim, P^T goes to this step's P buffer too, and dV's and dK's GEMMs wait for
+    // every consumer's columns. The other buffers' last readers, the previous step's GEMMs, are
+    // done in every consumer: each waited for them before writing this step's.
+    auto issue_dv = [&] {
+      if constexpr (kSplitHeadDim) {
+        warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer),
+                              tdVrdO(_, _, _, do_state.index()), tdVrdV);
+      } else {
+        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_state.index()), tdVrdV);
+      }
+    };
+    auto issue_dk = [&] {
+      if constexpr (kSplitHeadDim) {
+        warpgroup_gemm<false>(mma_dkv, tdKrdS(_, _, _, ds_buffer),
+                              tdKrQ(_, _, _, q_state.index()), tdKrdK);
+      } else {
+        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+      }
+    };
+    if constexpr (!kSplitHeadDim) {
+      issue_dv();
+      if constexpr (!Traits::kDqBeforeDk) issue_dk();
     }
     copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
+    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
     cutlass::arch::fence_view_async_shared();
     named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
+    if constexpr (kSplitHeadDim) {
+      issue_dv();
+      if constexpr (!Traits::kDqBeforeDk) issue_dk();
+    }
     if constexpr (Traits::kDqTransposed) {
       // A transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in flight
       // exceeds the registers (ptxas serialises the wgmmas, C7512): dV's GEMM, issued first and
@@ -468,7 +557,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
     }
     if constexpr (Traits::kDqBeforeDk) {
-      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
+      issue_dk();
       warpgroup_wait<1>();
     } else {
       warpgroup_wait<0>();
@@ -478,18 +567,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ++do_state;
 
     // dQ's share -> this step's staging buffer (in register order, the layout bwd_aux.cuh
-    // converts from), once the dQ warp has read what it held kDqBuffers steps ago; the dQ warp
-    // adds it to the workspace. (Reductions from registers would hold each thread at its next
-    // memory instruction until the load/store unit had taken them all.)
-    float* const dq_staged = dq_staging + dq_buffer * Traits::kDqFloats;
-    named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+    // converts from), piece by piece, each once the dQ warp has read what the buffer held; the
+    // dQ warp adds it to the workspace. (Reductions from registers would hold each thread at its
+    // next memory instruction until the load/store unit had taken them all.)
+    constexpr int kPieceGroups = decltype(size(tdQrdQ))::value / 4 / Traits::kDqPieces;
+    float* const dq_staged = dq_staging + dq_buffer * Traits::kDqPieceFloats;
     CUTE_UNROLL
-    for (int j = 0; j < size(tdQrdQ) / 4; ++j) {
-      reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
-          make_float4(tdQrdQ(4 * j), tdQrdQ(4 * j + 1), tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+    for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+      named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+      CUTE_UNROLL
+      for (int j = 0; j < kPieceGroups; ++j) {
+        const int r = 4 * (piece * kPieceGroups + j);
+        reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+            make_float4(tdQrdQ(r), tdQrdQ(r + 1), tdQrdQ(r + 2), tdQrdQ(r + 3));
+      }
+      fence_for_bulk_copies();
+      named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
     }
-    fence_for_bulk_copies();
-    named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);
     pipeline_q.consumer_release(q_state);
@@ -504,32 +598,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
   Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
-  auto own_rows = [&](auto const& s) {
-    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(consumer, _0{}));
+  auto own_share = [&](auto const& s) {  // this consumer's keys and head-dim columns
+    return local_tile(s(_, _, 0), Shape<_64, KvCols>{}, make_coord(key_share, row_share));
   };
   auto stage = [&](auto const& acc, auto const& s, float scale) {
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) tdKVrOut(i) = Element(acc(i) * scale);
-    copy(store_kv, thr_store_kv.retile_S(tdKVrOut), thr_store_kv.partition_D(own_rows(s)));
+    copy(store_kv, thr_store_kv.retile_S(tdKVrOut), thr_store_kv.partition_D(own_share(s)));
   };
-  // V's rows: only this consumer's dP^T GEMMs read them, and they are complete; K's rows: every
-  // consumer's dQ GEMMs read all of K.
-  stage(tdVrdV, sV, 1.f);
+  // V's rows: split by keys, only this consumer's dP^T GEMMs read them, and they are complete;
+  // K's rows, and split by the head dim V's too: every consumer's GEMMs read all of them.
+  if constexpr (!kSplitHeadDim) stage(tdVrdV, sV, 1.f);
   named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
+  if constexpr (kSplitHeadDim) stage(tdVrdV, sV, 1.f);
   stage(tdKrdK, sK, p.softmax_scale);
   named_sync(kEpilogueBarrier + consumer, 128);
   auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
                    int64_t head_stride) {
-    Tensor rows = own_rows(s);
+    Tensor share = own_share(s);
     Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
-                   work.head_kv * head_stride;
-    constexpr int kPiecesPerRow = Traits::kHeadDim / 8;
+                   work.head_kv * head_stride + Traits::kKvCols * row_share;
+    constexpr int kPiecesPerRow = Traits::kKvCols / 8;
     CUTE_UNROLL
     for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
       const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
       if (key0 + row < p.seqlen_k) {
         *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
-            *reinterpret_cast<uint4 const*>(&rows(row, col));
+            *reinterpret_cast<uint4 const*>(&share(row, col));
       }
     }
   };

@@ -14,16 +14,22 @@
 
 namespace flashgen::hopper {
 
-// A thread block owns kBlockN keys of one (batch, KV head), 64 per consumer warpgroup, and walks
-// the query blocks of kBlockM rows that see them (of every query head of the KV head's group),
-// with Q and dO arriving through rings of kStages buffers. Each consumer computes its keys' rows
-// of S^T = K Q^T and dP^T = V dO^T (keys as the GEMMs' M, so that P^T and dS^T are in registers
-// as the A operands of dV += P^T dO and dK += dS^T Q), and a share of dQ = dS K: 64 query rows
-// each where kBlockM = 64 x consumers; else a share of the head dim's columns, as dQ = dS K
-// (kBlockM = 64) or, where kBlockM is no multiple of wgmma's 64-row M, as dQ^T = K^T dS^T (the
-// head dim's columns as M: kBlockM = 80 reads each K and V byte for 80 query rows, not 64).
+// A thread block owns kBlockN keys of one (batch, KV head) and walks the query blocks of kBlockM
+// rows that see them (of every query head of the KV head's group), with Q and dO arriving through
+// rings of kStages buffers. The consumers compute S^T = K Q^T and dP^T = V dO^T with keys as the
+// GEMMs' M, dV += P^T dO and dK += dS^T Q, and dQ = dS K, split one of two ways:
+// - by keys (head dims up to 128): 64 keys per consumer warpgroup, all kBlockM query rows and
+//   the whole head dim of its keys' dK and dV, P^T and dS^T straight from registers as those
+//   GEMMs' A operands; dQ's share is 64 query rows where kBlockM = 64 x consumers, else a share
+//   of the head dim's columns, as dQ = dS K (kBlockM = 64) or, where kBlockM is no multiple of
+//   wgmma's 64-row M, as dQ^T = K^T dS^T (the head dim's columns as M: kBlockM = 80 reads each K
+//   and V byte for 80 query rows, not 64);
+// - by the head dim (kSplitHeadDim, above 128, where one consumer's dK and dV would exceed its
+//   registers): two consumers share the block's 64 keys, each computing S^T and dP^T for half the
+//   query rows and owning half the head dim's columns of dK, dV and dQ; P^T joins dS^T in shared
+//   memory, since each consumer's dV needs the other's columns of it.
 // kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share's adds issue;
-// it holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
+// split by keys it holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDqBeforeDk_,
           class Element_>
 struct BwdTraits {
@@ -33,7 +39,12 @@ struct BwdTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kStages = kStages_;
   static constexpr bool kDqBeforeDk = kDqBeforeDk_;
-  static constexpr int kConsumers = kBlockN / 64;  // consumer warpgroups, 64 keys each
+  static constexpr bool kSplitHeadDim = kHeadDim > 128;
+  static constexpr int kConsumers = kSplitHeadDim ? 2 : kBlockN / 64;  // consumer warpgroups
+  // Each consumer's S^T and dP^T (kKeys x kRows: the block's keys, or its own 64; all the query
+  // rows, or its half) and dK and dV (kKeys x kKvCols: its share of the head dim's columns).
+  static constexpr int kRows = kSplitHeadDim ? kBlockM / 2 : kBlockM;
+  static constexpr int kKvCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
 
@@ -46,6 +57,9 @@ struct BwdTraits {
 
   static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
                 "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
+  static_assert(!kSplitHeadDim || (kBlockN == 64 && kBlockM == 64 && kKvCols % 64 == 0),
+                "above head dim 128 the two consumers share 64 keys (block_n 64) of 64 query rows "
+                "(block_m 64) and split the head dim in 64-column swizzle atoms (head_dim 256)");
   static_assert(kBlockM % 16 == 0 && kBlockM >= 64 && kBlockM <= 128,
                 "block_m: a multiple of 16 from 64 to 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
@@ -55,6 +69,10 @@ struct BwdTraits {
   static_assert(!kDqTransposed || kDqCols == 64,
                 "a transposed dQ share is one wgmma's 64 rows: head_dim = 64 x consumers");
   static_assert(kStages >= 1, "q_stages: at least 1");
+  // With one Q stage, dO's tile is released first (after dV's and dQ's GEMMs, Q's after dK's):
+  // the producer loads it first and the consumers run dP^T = V dO^T first, so that the next Q
+  // has that GEMM to arrive under.
+  static constexpr bool kDoFirst = kStages == 1;
 
   // Each consumer thread holds its S^T columns' query-row statistics (lse and D, kBlockM / 4 of
   // each) in registers ahead of use where that fits beside the accumulators (kBlockM 64 or 80);
@@ -81,39 +99,50 @@ struct BwdTraits {
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::_1>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // Q and dO rings (query rows x head dim; TileLayoutQ is the TMA box), and their transposes.
+  // Q and dO rings (query rows x head dim; TileLayoutQ is the TMA box), and their transposes
+  // (dO's below, where its stages are known).
   using TileLayoutQ = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BM, HD>{}));
   using SmemLayoutQ = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BM, HD, Stages>{}));
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<HD, BM, Stages>{},
                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  // dS (query rows x keys, two buffers) and its transpose, which the consumers write from their
-  // dS^T accumulators (by stmatrix, transposing where keys are contiguous). As dQ's A operand
-  // query rows are contiguous (MN-major); as dQ^T's B operand keys (K-major: 80 query rows take
-  // no MN-major swizzle wider than 32 bytes, whose wgmma reads are slower).
+  // dS (query rows x keys, two buffers; split by the head dim, two more for P) and its
+  // transpose, which the consumers write from their dS^T (and P^T) accumulators by stmatrix,
+  // transposing where keys are contiguous. As dQ's A operand query rows are contiguous
+  // (MN-major); as dQ^T's B operand keys (K-major: 80 query rows take no MN-major swizzle wider
+  // than 32 bytes, whose wgmma reads are slower).
   using DsAtom = std::conditional_t<kDqTransposed, decltype(smem_atom<Element, kBlockN>()),
                                     cute::GMMA::Layout_MN_SW128_Atom<Element>>;
-  using SmemLayoutDs = decltype(cute::tile_to_shape(DsAtom{}, cute::Shape<BM, BN, cute::_2>{}));
+  static constexpr int kDsBuffers = kSplitHeadDim ? 4 : 2;  // P's at 2 and 3
+  using DsBuffers = cute::Int<kDsBuffers>;
+  using SmemLayoutDs = decltype(cute::tile_to_shape(DsAtom{}, cute::Shape<BM, BN, DsBuffers>{}));
   using DsStoreAtom = std::conditional_t<kDqTransposed, cute::SM90_U16x8_STSM_T,
                                          cute::SM90_U32x4_STSM_N>;
   using SmemLayoutDst = decltype(cute::composition(
-      SmemLayoutDs{}, cute::make_ordered_layout(cute::Shape<BN, BM, cute::_2>{},
+      SmemLayoutDs{}, cute::make_ordered_layout(cute::Shape<BN, BM, DsBuffers>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
-  // Per consumer: S^T and dP^T (64 keys x kBlockM, both operands from shared memory); dV and dK
-  // (64 keys x head dim, P^T and dS^T from registers); dQ (kDqRows x kDqCols over the block's
-  // keys; dQ^T, kDqCols x kDqRows, K^T's columns times dS^T, where kDqTransposed).
+  // Per consumer: S^T and dP^T (64 keys x kRows, both operands from shared memory); dV and dK
+  // (64 keys x kKvCols; P^T and dS^T from registers, or split by the head dim from shared
+  // memory); dQ (kDqRows x kDqCols over the block's keys; dQ^T, kDqCols x kDqRows, K^T's columns
+  // times dS^T, where kDqTransposed).
+  using Rows = cute::Int<kRows>;
+  using KvCols = cute::Int<kKvCols>;
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BM, HD>>()));
-  using TiledMmaDkv = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HD, BM>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, Rows, HD>>()));
+  using DkvShape = cute::Shape<cute::_64, KvCols, BM>;
+  using TiledMmaDkv = decltype(cute::make_tiled_mma(std::conditional_t<
+      kSplitHeadDim,
+      decltype(cute::GMMA::ss_op_selector<Element, Element, float, DkvShape, cute::GMMA::Major::K,
+                                          cute::GMMA::Major::MN>()),
+      decltype(cute::GMMA::rs_op_selector<Element, Element, float, DkvShape, cute::GMMA::Major::K,
+                                          cute::GMMA::Major::MN>())>{}));
   using DqShape = std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kDqCols>, BM, BN>,
                                      cute::Shape<cute::_64, cute::Int<kDqCols>, BN>>;
   using TiledMmaDq = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, DqShape, cute::GMMA::Major::MN,
                                  kDqTransposed ? cute::GMMA::Major::K : cute::GMMA::Major::MN>()));
-  static_assert(cute::size<1>(typename TiledMmaDkv::Shape_MNK{}) == kHeadDim,
+  static_assert(cute::size<1>(typename TiledMmaDkv::Shape_MNK{}) == kKvCols,
                 "dK and dV would split into narrower wgmmas: define "
                 "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
 
@@ -123,28 +152,44 @@ struct BwdTraits {
   // (bwd_aux.cuh reads the workspace in this order).
   static constexpr int kDqFloats = kDqRows * kDqCols;
 
-  template <int kDqBuffers>
+  // dO's ring has kDoStages stages; each consumer stages its dQ share for the dQ warp in
+  // kDqBuffers buffers used in turn, each piece by piece (kDqPieces, a buffer holding one piece).
+  template <int kDoStages, int kDqBuffers, int kDqPieces>
   struct Storage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
+    alignas(1024) cute::array_aligned<Element, kDoStages * kBlockM * kHeadDim> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    // Each consumer's dQ staging buffers, which the dQ warp adds to the workspace.
-    alignas(128) float dq[kConsumers * kDqBuffers * kDqFloats];
+    alignas(128) float dq[kConsumers * kDqBuffers * kDqFloats / kDqPieces];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
-    alignas(16) float d[kStages * kBlockM];         // each dO stage's rows' rowsum(dO * O)
+    alignas(16) float d[kDoStages * kBlockM];       // each dO stage's rows' rowsum(dO * O)
     typename PipelineQ::SharedStorage pipeline_q;
-    typename PipelineQ::SharedStorage pipeline_do;
+    typename cutlass::PipelineTmaAsync<kDoStages>::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
   };
-  // Two staging buffers per consumer, so that a step stages its share while the dQ warp still
-  // reads the last one; one where two leave no room (kBlockM = 80 at head dim 128).
   static constexpr int kSmemLimit = 232448;  // 227 KB
-  static constexpr int kDqBuffers = sizeof(Storage<2>) <= kSmemLimit ? 2 : 1;
-  using SharedStorage = Storage<kDqBuffers>;
+  template <int kDoStages, int kDqBuffers, int kDqPieces>
+  static constexpr bool fits() {
+    return sizeof(Storage<kDoStages, kDqBuffers, kDqPieces>) <= kSmemLimit;
+  }
+  // In order of preference, while shared memory has room: dO's ring as deep as Q's, and two
+  // staging buffers, so that a step stages its share while the dQ warp still reads the last one;
+  // one buffer (kBlockM = 80 at head dim 128); one dO stage (released after dV's and dQ's GEMMs,
+  // it reloads under dK's); the share staged in two halves (head dim 256 with two Q stages).
+  static constexpr int kDqBuffers = fits<kStages, 2, 1>() ? 2 : 1;
+  static constexpr int kDoStages = fits<kStages, kDqBuffers, 1>() ? kStages : 1;
+  static constexpr int kDqPieces = fits<kDoStages, kDqBuffers, 1>() ? 1 : 2;
+  static constexpr int kDqPieceFloats = kDqFloats / kDqPieces;
+  using SharedStorage = Storage<kDoStages, kDqBuffers, kDqPieces>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "tile needs more than the 227 KB of shared memory");
+  using DoStages = cute::Int<kDoStages>;
+  using SmemLayoutDo = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BM, HD, DoStages>{}));
+  using SmemLayoutDot = decltype(cute::composition(
+      SmemLayoutDo{}, cute::make_ordered_layout(cute::Shape<HD, BM, DoStages>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using PipelineDo = cutlass::PipelineTmaAsync<kDoStages>;
 
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   // A Q (or dO) stage: the tile and its rows' lse (or D).
