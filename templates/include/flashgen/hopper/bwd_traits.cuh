@@ -41,8 +41,8 @@ struct BwdTraits {
   static constexpr bool kDqBeforeDk = kDqBeforeDk_;
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kConsumers = kSplitHeadDim ? 2 : kBlockN / 64;  // consumer warpgroups
-  // Each consumer's S^T and dP^T (kKeys x kRows: the block's keys, or its own 64; all the query
-  // rows, or its half) and dK and dV (kKeys x kKvCols: its share of the head dim's columns).
+  // Each consumer's S^T and dP^T (64 keys, its own or the block's, x kRows: all the query rows,
+  // or its half) and dK and dV (64 keys x kKvCols: the whole head dim, or its half).
   static constexpr int kRows = kSplitHeadDim ? kBlockM / 2 : kBlockM;
   static constexpr int kKvCols = kSplitHeadDim ? kHeadDim / 2 : kHeadDim;
   static constexpr int kConsumerThreads = 128 * kConsumers;
