@@ -2,10 +2,11 @@
 its head dim has a backward table (a variable-length batch's gradients go to the mma family),
 key blocks that no query sees write zero gradients, long causal and GQA walks accumulate dQ
 right, head dim 256's split of the head dim meets every score modifier, the window and dropout
-at the right positions, and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical,
-including grids of more key blocks than SMs, which wait on blocks launched before them. The rest
-of the backward suite (test_backward, test_training, test_compile) runs on it too (it is the
-default there); scripts/gpu_check.sh runs those files again with FLASHGEN_FAMILY=mma."""
+at the right positions, and deterministic runs (dQ added in a fixed order, by semaphores) are
+bit-identical, including grids of more key blocks than SMs, which wait on blocks launched before
+them. The rest of the backward suite (test_backward, test_training, test_compile) runs on it too
+(it is the default there); scripts/gpu_check.sh runs those files again with
+FLASHGEN_FAMILY=mma."""
 
 from __future__ import annotations
 
