@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int warp = threadIdx.x / 32;
     if (warp > 1 || !walk.has_steps()) return;
     if (warp == 1) {
+      if (Traits::kDqFromRegisters && !deterministic) return;  // the consumers add
       add_dq_shares<Traits>(p, work, walk, smem.dq, deterministic);
       return;
     }
@@ -566,14 +567,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pipeline_do.consumer_release(do_state);
     ++do_state;
 
-    // dQ's share -> this step's staging buffer (in register order, the layout bwd_aux.cuh
-    // converts from), piece by piece, each once the dQ warp has read what the buffer held; the
-    // dQ warp adds it to the workspace. (Reductions from registers would hold each thread at its
-    // next memory instruction until the load/store unit had taken them all.)
-    constexpr int kPieceGroups = decltype(size(tdQrdQ))::value / 4 / Traits::kDqPieces;
+    // dQ's share -> the workspace (in register order, the layout bwd_aux.cuh converts from):
+    // by reductions from registers where the traits say so, else through this step's staging
+    // buffer, piece by piece, each once the dQ warp has read what the buffer held; the dQ warp
+    // adds it. (Reductions from registers hold each thread at its next memory instruction until
+    // the load/store unit has taken them all, which costs more where the adds are fewer.)
+    constexpr int kGroups = decltype(size(tdQrdQ))::value / 4;
+    const bool dq_from_registers = Traits::kDqFromRegisters && !deterministic;
+    if (dq_from_registers) {
+      float* const share = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
+                           consumer * Traits::kDqFloats + 4 * thread;
+      CUTE_UNROLL
+      for (int j = 0; j < kGroups; ++j) {
+        reduce_add_f32x4(share + 4 * 128 * j, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
+                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+      }
+    }
+    constexpr int kPieceGroups = kGroups / Traits::kDqPieces;
     float* const dq_staged = dq_staging + dq_buffer * Traits::kDqPieceFloats;
     CUTE_UNROLL
-    for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+    for (int piece = 0; piece < (dq_from_registers ? 0 : Traits::kDqPieces); ++piece) {
       named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
       CUTE_UNROLL
       for (int j = 0; j < kPieceGroups; ++j) {

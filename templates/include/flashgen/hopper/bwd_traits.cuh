@@ -152,6 +152,13 @@ struct BwdTraits {
   // (bwd_aux.cuh reads the workspace in this order).
   static constexpr int kDqFloats = kDqRows * kDqCols;
 
+  // Split by the head dim, a 64-key block adds 64 rows x the whole head dim of dQ per step,
+  // twice the bytes per FLOP of the 128-key blocks, and those adds limit the kernel: a run that
+  // need not be deterministic adds each share from registers by 16-byte reductions (5-6% faster
+  // at head dim 256 than the dQ warp's bulk adds), a deterministic one stages it for the dQ
+  // warp, which adds the shares in turn.
+  static constexpr bool kDqFromRegisters = kSplitHeadDim;
+
   // dO's ring has kDoStages stages; each consumer stages its dQ share for the dQ warp in
   // kDqBuffers buffers used in turn, each piece by piece (kDqPieces, a buffer holding one piece).
   template <int kDoStages, int kDqBuffers, int kDqPieces>
