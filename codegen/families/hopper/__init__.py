@@ -14,7 +14,8 @@ of a (batch, KV head), K and V held in shared memory and dK, dV in the consumer 
 registers (64 keys each; above head dim 128 two warpgroups share 64 keys and split the head
 dim), Q and dO of each query block of the group's heads streamed by TMA
 through rings of q_stages buffers, each step's dQ shares staged in shared memory and added to an
-fp32 workspace by a dQ warp with the copy engine's bulk reduce-add (deterministic: in turn).
+fp32 workspace by a dQ warp with the copy engine's bulk reduce-add (deterministic: in turn; split
+by the head dim, a run that need not be deterministic adds them from registers instead).
 Dense batches only: a variable-length batch's gradients run on the mma family. Templates in
 templates/hopper/, headers in templates/include/flashgen/hopper/; resources.py mirrors their
 budgets.

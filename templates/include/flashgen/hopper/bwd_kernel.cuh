@@ -11,8 +11,9 @@
 // the query rows and, once both have put P^T and dS^T in shared memory, dV, dK and dQ for half
 // the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
 // for warpgroup 0's second warp, which adds it to the fp32 workspace by bulk reduce-adds (a
-// deterministic run: in each query block's turn). After the walk, dK and dV leave through K's
-// and V's buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
+// deterministic run: in each query block's turn), or, split by the head dim and without
+// determinism, adds it from registers. After the walk, dK and dV leave through K's and V's
+// buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
