@@ -318,17 +318,18 @@ def test_hopper_backward_transposed_dq_needs_64_columns_per_consumer(tmp_path):
         load_config(path)
 
 
-def test_hopper_backward_above_head_dim_128_splits_the_head_dim_of_64_keys(tmp_path):
-    """Two consumers share 64 keys of 64 query rows and split head dim 256 in 128-column
-    halves; other tiles, and head dims that do not split into 64-column swizzle atoms, are
-    refused (without a backward table their gradients run on the mma family)."""
-    table = HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.256").replace(
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_hopper_backward_above_head_dim_128_splits_the_head_dim_of_64_keys(tmp_path, head_dim):
+    """Two consumers share 64 keys of 64 query rows and split head dims 192 and 256 in halves of
+    whole swizzle atoms; other tiles, and head dims whose halves are no wgmma n of whole atoms,
+    are refused (without a backward table their gradients run on the mma family)."""
+    table = HOPPER_BACKWARD_TABLE.replace("head_dim.128", f"head_dim.{head_dim}").replace(
         "block_n = 128\nq_stages", "block_n = 64\nq_stages").replace(
         "block_n = 128\nkv_stages", "block_n = 80\nkv_stages")  # the forward's hd256 tile
-    assert load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", 256)[0] == \
-        hopper.BwdTile(block_m=64, block_n=64, q_stages=2, dq_before_dk=True)
+    tiles = load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", head_dim)
+    assert tiles[0] == hopper.BwdTile(block_m=64, block_n=64, q_stages=2, dq_before_dk=True)
     for bad in (table.replace("block_n = 64\nq_stages", "block_n = 128\nq_stages"),
-                table.replace("head_dim.256", "head_dim.192")):
+                table.replace(f"head_dim.{head_dim}", "head_dim.160")):
         path = tmp_path / "bad.toml"
         path.write_text(bad)
         with pytest.raises(ConfigError, match=r"two consumer warpgroups share 64 keys"):
@@ -339,6 +340,7 @@ def test_hopper_backward_above_head_dim_128_splits_the_head_dim_of_64_keys(tmp_p
     (64, 128, 128, 2, (2, 2, 1)),   # dO as deep as Q, two staging buffers
     (128, 80, 128, 2, (2, 1, 1)),   # one buffer
     (128, 64, 128, 4, (1, 1, 1)),   # one dO stage
+    (192, 64, 64, 2, (2, 1, 1)),
     (256, 64, 64, 2, (1, 1, 2)),    # a share staged in halves
     (256, 64, 64, 1, (1, 1, 1)),
 ])

@@ -79,6 +79,11 @@ BACKWARD_CONSUMER_REGISTERS = {1: 256, 2: 240}
 BACKWARD_REGISTER_OVERHEAD = 16
 
 
+# The head dims above 128 whose halves are whole 32-column swizzle atoms and a wgmma's n without
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (BASE_WGMMA_N: 96 and 128).
+SPLIT_HEAD_DIMS = (192, 256)
+
+
 def backward_splits_head_dim(head_dim: int) -> bool:
     """Above head dim 128 one consumer's 64 keys' dK and dV (64 x head_dim fp32 each) exceed its
     registers: two consumer warpgroups share the block's 64 keys and split the head dim's columns
@@ -151,11 +156,13 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
         return problems
     consumers = backward_consumers(head_dim, block_n)
     if backward_splits_head_dim(head_dim):
-        if head_dim != 256 or block_n != 64 or block_m != 64:
-            problems.append(f"head_dim {head_dim}: above 128 two consumer warpgroups share 64 keys "
-                            f"(block_n = 64) of 64 query rows (block_m = 64) and split the head "
-                            f"dim in 64-column swizzle atoms, so head_dim 256 only; without a "
-                            f"backward table a head dim's gradients run on the mma family")
+        if head_dim not in SPLIT_HEAD_DIMS or block_n != 64 or block_m != 64:
+            problems.append(f"head_dim {head_dim}, block_m = {block_m}, block_n = {block_n}: above "
+                            f"128 two consumer warpgroups share 64 keys (block_n = 64) of 64 query "
+                            f"rows (block_m = 64) and split the head dim in halves of whole "
+                            f"32-column swizzle atoms, each one wgmma's n, so head_dim 192 or 256 "
+                            f"only; without a backward table a head dim's gradients run on the mma "
+                            f"family")
     elif block_m % 64 and head_dim != 64 * consumers:
         problems.append(f"block_m = {block_m}, block_n = {block_n}: a block_m that is no multiple "
                         f"of 64 computes dQ transposed, 64 head-dim columns per consumer "

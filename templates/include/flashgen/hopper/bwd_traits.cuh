@@ -55,17 +55,25 @@ struct BwdTraits {
   static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
   static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumers;
 
+  // The swizzle atom of the K, V, Q and dO tiles: the widest whose columns divide a consumer's
+  // share of the head dim (split by it, 96 of head dim 192 take 32-column atoms), so that each
+  // share is whole atoms.
+  using Atom = decltype(smem_atom<Element, kKvCols>());
+  static constexpr int kAtomCols = cute::size<1>(Atom{});
+
   static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
                 "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
-  static_assert(!kSplitHeadDim || (kBlockN == 64 && kBlockM == 64 && kKvCols % 64 == 0),
+  static_assert(!kSplitHeadDim || (kBlockN == 64 && kBlockM == 64 && kKvCols % 32 == 0),
                 "above head dim 128 the two consumers share 64 keys (block_n 64) of 64 query rows "
-                "(block_m 64) and split the head dim in 64-column swizzle atoms (head_dim 256)");
+                "(block_m 64) and split the head dim in halves of whole 32-column swizzle atoms "
+                "(head_dim 192 or 256)");
   static_assert(kBlockM % 16 == 0 && kBlockM >= 64 && kBlockM <= 128,
                 "block_m: a multiple of 16 from 64 to 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
-  static_assert(kDqSplitRows || ((kBlockM == 64 || kDqTransposed) && kDqCols % 64 == 0),
+  static_assert(kDqSplitRows || ((kBlockM == 64 || kDqTransposed) && kDqCols % kAtomCols == 0),
                 "dQ splits over the consumers by 64 query rows (block_m = 64 x consumers) or, "
-                "with block_m = 64 or no multiple of 64, by head-dim columns in multiples of 64");
+                "with block_m = 64 or no multiple of 64, by head-dim columns in whole swizzle "
+                "atoms");
   static_assert(!kDqTransposed || kDqCols == 64,
                 "a transposed dQ share is one wgmma's 64 rows: head_dim = 64 x consumers");
   static_assert(kStages >= 1, "q_stages: at least 1");
@@ -87,7 +95,6 @@ struct BwdTraits {
   static_assert(128 * kProducerRegisters + kConsumerThreads * kConsumerRegisters <=
                 kThreads * launch_registers(kThreads));
 
-  using Atom = decltype(smem_atom<Element, kHeadDim>());
   using HD = cute::Int<kHeadDim>;
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
