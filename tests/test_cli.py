@@ -39,10 +39,10 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 * 2 + 7 * 2 * 2 * 2 + 8
     assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
     # mma (2 kinds x 2 archs x 6 head dims + 5 alt tiles), the hopper forward (5 head dims x 3
-    # masks + 2 causal alt tiles) and backward (4 head dims x 3 masks) x 2 dtypes x 4 score
+    # masks + 2 causal alt tiles) and backward (5 head dims x 3 masks) x 2 dtypes x 4 score
     # modifiers; document's on both families and archs
     assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
-                                           + 4 * 3 * 2 * 4 + 32)
+                                           + 5 * 3 * 2 * 4 + 32)
     # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes x 3 masks x 3 score modifiers;
     # document's, head_window's and relative_bias's (decode = true: 2 + 3 masks) of the same
     # tiles
@@ -50,11 +50,11 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 7 * 2 * 2 + 2 + 4
-    # head dims 64, 128, 192 and 256 x 2 dtypes (the variants' at 64 and 128)
-    assert manifest.count('"name": "bwd_hopper_sm90_') == 4 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
+    # head dims 64, 96, 128, 192 and 256 x 2 dtypes (the variants' at 64 and 128)
+    assert manifest.count('"name": "bwd_hopper_sm90_') == 5 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
     # softcap: mma forward, backward, hopper forward, backward (each twice: with dropout), decode
     assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
-        (54 + 36 + 34 + 24) * 2 + 24)
+        (54 + 36 + 34 + 30) * 2 + 24)
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):

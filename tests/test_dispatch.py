@@ -21,11 +21,11 @@ CONFIG = registry._load(paths.DEFAULT_CONFIG)[0]
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
 def test_configured_head_dims_run_exactly_main_tile_first(arch, head_dim, dtype, mask, kind):
     """The hopper family runs the sm_90 forward of the head dims it configures (all but 32) and
-    the backward of head dims 64, 128, 192 and 256, the mma family the rest; each family's
+    the backward of head dims 64, 96, 128, 192 and 256, the mma family the rest; each family's
     kernels of the head dim come together, main tile first."""
     choices = candidates(SPECS, arch, kind, dtype, head_dim, mask)
     hopper = arch == "sm_90" and head_dim in ((64, 96, 128, 192, 256) if kind == "fwd"
-                                              else (64, 128, 192, 256))
+                                              else (64, 96, 128, 192, 256))
     order = ["hopper", "mma"] if hopper else ["mma"]
     exact = [c for c in choices if not c.pad_head_dim]
     assert list(choices[:len(exact)]) == exact  # a family that would pad comes after
@@ -51,10 +51,12 @@ def test_head_dim_above_the_largest_lists_the_configured_ones():
         candidates(SPECS, "sm_90", "fwd", "bf16", 264, "none")
 
 
-# The example is a configured tile that builds at the new head dim (the mma forward's 64 x 64),
-# else the most general family's.
-@pytest.mark.parametrize("kind, table", [("fwd", r"\[mma.sm_90.head_dim.192\]\nblock_m = 64"),
-                                         ("bwd", r"\[mma.sm_90.head_dim.192.backward\]\n")])
+# The example is a configured tile that builds at the new head dim (the mma forward's 64 x 64;
+# the hopper backward's 64 x 64 of head dim 96, which head dim 192 splits), else the most general
+# family's.
+@pytest.mark.parametrize("kind, table", [
+    ("fwd", r"\[mma.sm_90.head_dim.192\]\nblock_m = 64"),
+    ("bwd", r"\[hopper.sm_90.head_dim.192.backward\]\nblock_m = 64\nblock_n = 64\n")])
 def test_head_dim_beyond_a_smaller_config_shows_the_table_to_add(kind, table):
     specs = tuple(s for s in SPECS if s.head_dim <= 128)
     with pytest.raises(DispatchError, match=table):

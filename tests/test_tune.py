@@ -254,7 +254,7 @@ def test_hopper_backward_candidates_fit_and_include_the_default():
 
     config = load_config(paths.DEFAULT_CONFIG)
     head_dims = config.head_dims("hopper", "bwd", "sm_90")
-    assert head_dims == [64, 128, 192, 256]
+    assert head_dims == [64, 96, 128, 192, 256]
     for head_dim in head_dims:
         tiles = tune.candidate_tiles("hopper", "bwd", "sm_90", head_dim)
         assert all(type(t) is hopper.BwdTile for t in tiles)

@@ -1,11 +1,11 @@
-"""The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever
-its head dim has a backward table (a variable-length batch's gradients go to the mma family),
-key blocks that no query sees write zero gradients, long causal and GQA walks accumulate dQ
-right, the split of head dims 192 and 256 meets every score modifier, the window and dropout
-at the right positions, and deterministic runs (dQ added in a fixed order, by semaphores) are
-bit-identical, including grids of more key blocks than SMs, which wait on blocks launched before
-them. The rest of the backward suite (test_backward, test_training, test_compile) runs on it too
-(it is the default there); scripts/gpu_check.sh runs those files again with
+"""The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever its
+head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
+that no query sees write zero gradients, long causal and GQA walks accumulate dQ right, the split of
+head dims 192 and 256 and head dim 96's single consumer warpgroup meet every score modifier, the
+window and dropout at the right positions, and deterministic runs (dQ added in a fixed order, by
+semaphores) are bit-identical, including grids of more key blocks than SMs, which wait on blocks
+launched before them. The rest of the backward suite (test_backward, test_training, test_compile)
+runs on it too (it is the default there); scripts/gpu_check.sh runs those files again with
 FLASHGEN_FAMILY=mma."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def assert_grads_close(grads, reference, same_dtype):
 
 @hopper_gpu
 @pytest.mark.parametrize("mask", ["none", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_dispatch_runs_the_hopper_backward_on_compute_capability_9_0(head_dim, mask):
     spec = backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim, mask)
     assert spec.family == (os.environ.get("FLASHGEN_FAMILY") or "hopper")
@@ -56,7 +56,7 @@ def test_dispatch_runs_the_hopper_backward_on_compute_capability_9_0(head_dim, m
 
 
 @hopper_gpu
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
 def test_key_blocks_no_query_sees_get_zero_gradients(head_dim):
     """Top-left causal (SDPA's) with more keys than queries: the key blocks past the last query
     have no step to walk and must still write dK = dV = 0 over the poisoned allocations."""
@@ -75,7 +75,7 @@ def test_key_blocks_no_query_sees_get_zero_gradients(head_dim):
 @hopper_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"hd{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256], ids=lambda d: f"hd{d}")
 def test_long_gqa_walks(head_dim, dtype, causal):
     """Each thread block walks every query block of its KV head's 4 query heads (GQA's sums in
     registers), 3000 odd rows long, its dQ shares added by many key blocks."""
@@ -88,7 +88,7 @@ def test_long_gqa_walks(head_dim, dtype, causal):
 
 @hopper_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 128, 192, 256], ids=lambda d: f"hd{d}")
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256], ids=lambda d: f"hd{d}")
 def test_deterministic_gqa_is_bit_identical(head_dim, causal):
     """GQA and head dim 256 explicitly (FlashAttention-3's deterministic mode has had wrong
     results there); head dims 192 and 256's consumers split the head dim, each adding its own
@@ -149,11 +149,11 @@ def test_varlen_gradients_run_on_the_mma_family():
     dict(causal=True, dropout_p=0.17),
     dict(causal=False, softcap=20.0, dropout_p=0.3),
 ], ids=["causal_softcap", "alibi", "window", "causal_dropout", "softcap_dropout"])
-@pytest.mark.parametrize("head_dim", [192, 256])
-def test_split_head_dim_gradients_under_modifiers_masks_and_dropout(head_dim, call):
-    """Above head dim 128 the two consumers share 64 keys, each with half of a step's query rows:
-    the score modifiers, the window and dropout's mask must see each row's own position (odd
-    lengths, GQA, bf16)."""
+@pytest.mark.parametrize("head_dim", [96, 192, 256])
+def test_gradients_under_modifiers_masks_and_dropout_at_other_splits(head_dim, call):
+    """Above head dim 128 the two consumers share 64 keys, each with half of a step's query rows;
+    at head dim 96 one consumer owns the block's 64 keys: the score modifiers, the window and
+    dropout's mask must see each row's own position (odd lengths, GQA, bf16)."""
     from tests.gpu.test_backward import assert_attention_matches_reference, make_qkv
     from tests.gpu.test_dropout import mask_of_next_call
 
