@@ -297,11 +297,19 @@ def test_hopper_backward_tiles_are_checked_before_nvcc(tmp_path, overrides, mess
         load_config(path)
 
 
-def test_hopper_backward_dq_split_needs_rows_or_columns_of_64(tmp_path):
-    """At head dim 64, block_m 64 over 2 consumers would split dQ into 32 columns each."""
+def test_hopper_backward_dq_splits_by_rows_columns_or_own_keys(tmp_path):
+    """dQ splits over the consumers by 64 query rows, by head-dim columns in whole swizzle atoms,
+    or, where columns would cut an atom (head dim 64 at block_m 64: 32 each of a 64-column
+    atom), each consumer's dQ runs over its own keys; one consumer cannot take 128 rows."""
+    table = HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64")
+    tile = load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", 64)[0]
+    assert (tile.block_m, tile.block_n) == (64, 128)
+    assert hopper_resources.backward_dq_own_keys(64, 64, 128)
+    assert not hopper_resources.backward_dq_own_keys(128, 64, 128)
     path = tmp_path / "bad.toml"
-    path.write_text(HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64"))
-    with pytest.raises(ConfigError, match=r"head_dim 64 gives 32 each"):
+    path.write_text(HOPPER_BACKWARD_TABLE.replace("block_m = 64\nblock_n = 128\nq_stages",
+                                                  "block_m = 128\nblock_n = 64\nq_stages"))
+    with pytest.raises(ConfigError, match=r"dQ splits over the 1 consumer"):
         load_config(path)
 
 

@@ -138,13 +138,13 @@ def test_on_an_h100_dense_gradients_run_on_the_hopper_family_and_varlen_on_the_m
     tile = {"none": "m80n128s2d1", "causal": "m64n128s2d1"}[mask]
     assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_{tile}"
     assert backward.kernel_for(DEVICE, "bf16", 128, mask, varlen=True).family == "mma"
-    # head dims 192 and 256's consumers split the head dim over 64 keys; 96 runs one consumer of
-    # 64 keys, and 80 pads to 96, the least padding; 32 has no hopper backward
+    # head dims 192 and 256's consumers split the head dim over 64 keys; at 96 each computes dQ
+    # over its own keys, and 80 pads to 96, the least padding; 32 has no hopper backward
     for head_dim in (192, 256):
         assert backward.kernel_for(DEVICE, "bf16", head_dim, mask).name == (
             f"bwd_hopper_sm90_bf16_hd{head_dim}_{mask}_m64n64s2d1")
     assert backward.kernel_for(DEVICE, "bf16", 96, mask).name == (
-        f"bwd_hopper_sm90_bf16_hd96_{mask}_m64n64s3d0")
+        f"bwd_hopper_sm90_bf16_hd96_{mask}_m64n128s2d1")
     padded = backward._choose(0, "bf16", 80, mask)[0].spec
     assert (padded.family, padded.head_dim) == ("hopper", 96)
     assert backward.kernel_for(DEVICE, "bf16", 32, mask).family == "mma"

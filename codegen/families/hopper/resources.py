@@ -91,6 +91,22 @@ def backward_splits_head_dim(head_dim: int) -> bool:
     return head_dim > 128
 
 
+def backward_atom_cols(head_dim: int) -> int:
+    """Columns of the swizzle atom of the K, V, Q and dO tiles: the widest (64, 32, 16 or 8
+    16-bit columns) that divides a consumer's share of the head dim (bwd_traits.cuh's Atom)."""
+    share = head_dim // 2 if backward_splits_head_dim(head_dim) else head_dim
+    return next(cols for cols in (64, 32, 16, 8) if share % cols == 0)
+
+
+def backward_dq_own_keys(head_dim: int, block_m: int, block_n: int) -> bool:
+    """Whether each of two consumers computes dQ over its own 64 keys for the whole query block
+    (both adding to the same workspace, no consumer waiting for the other's dS), where splitting
+    dQ by 64 query rows does not apply and by the head dim's columns would cut a swizzle atom
+    (head dim 96 at block_m 64: 48 columns each). bwd_traits.cuh's kDqOwnKeys."""
+    return (not backward_splits_head_dim(head_dim) and block_n == 128 and block_m == 64
+            and head_dim // 2 % backward_atom_cols(head_dim) != 0)
+
+
 def backward_consumers(head_dim: int, block_n: int) -> int:
     """Consumer warpgroups of a backward block: one per 64 keys, or two splitting the head dim."""
     return 2 if backward_splits_head_dim(head_dim) else block_n // 64
@@ -106,7 +122,9 @@ def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: i
              + _align(do_stages * block_m * head_dim * ELEMENT_BYTES))
     ds_buffers = 4 if backward_splits_head_dim(head_dim) else 2
     ds = _align(ds_buffers * block_m * block_n * ELEMENT_BYTES)
-    dq = dq_buffers * block_m * head_dim * 4 // dq_pieces
+    shares = backward_consumers(head_dim, block_n) if backward_dq_own_keys(
+        head_dim, block_m, block_n) else 1  # block_m x head_dim each, else between them
+    dq = shares * dq_buffers * block_m * head_dim * 4 // dq_pieces
     stats = (q_stages + do_stages) * block_m * 4
     barriers = 2 * 8 * (q_stages + do_stages) + 8
     return kv + rings + ds + dq + stats + barriers
@@ -135,7 +153,8 @@ def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) ->
         return head_dim // 2 + max(block_m // 2 + block_m // 4, 64 * head_dim // 2 // 128)
     consumers = block_n // 64
     split_rows = block_m == 64 * consumers
-    dq_cols = head_dim if split_rows else head_dim // consumers
+    own_keys = backward_dq_own_keys(head_dim, block_m, block_n)
+    dq_cols = head_dim if split_rows or own_keys else head_dim // consumers
     dq = (64 if split_rows else block_m) * dq_cols // 128
     return head_dim + max(block_m, block_m // 2 + dq)
 
@@ -167,8 +186,9 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
         problems.append(f"block_m = {block_m}, block_n = {block_n}: a block_m that is no multiple "
                         f"of 64 computes dQ transposed, 64 head-dim columns per consumer "
                         f"warpgroup, so head_dim must be {64 * consumers}")
-    elif block_m % 64 == 0 and block_m != 64 * consumers and (block_m != 64
-                                                            or head_dim // consumers % 64):
+    elif block_m % 64 == 0 and block_m != 64 * consumers and (
+            block_m != 64 or head_dim // consumers % 64) and not backward_dq_own_keys(
+            head_dim, block_m, block_n):
         problems.append(f"block_m = {block_m}, block_n = {block_n}: dQ splits over the {consumers} "
                         f"consumer warpgroup(s) by 64 query rows (block_m = {64 * consumers}) or, "
                         f"with block_m = 64, by head-dim columns in multiples of 64 (head_dim "

@@ -45,6 +45,13 @@ __device__ __forceinline__ void reduce_add_f32x4(float* global, float x, float y
 #endif
 }
 
+// This thread's bulk adds are in global memory (their sums visible to this thread).
+__device__ __forceinline__ void wait_bulk_writes() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+#endif
+}
+
 // This thread's bulk adds have read their shared memory, which may be written again.
 __device__ __forceinline__ void wait_bulk_reads() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -46,8 +46,9 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   }
 }
 
-// The workspace holds, per (batch, head, query block), each consumer's dQ share (kDqRows x
-// kDqCols, or its transpose) as its 128 threads' accumulator registers, 16 bytes per thread in turn
+// The workspace holds, per (batch, head, query block), kDqShares dQ shares (each consumer's, or
+// one that both add to over their own keys; kDqRows x kDqCols, or its transpose) as a consumer's
+// 128 threads' accumulator registers, 16 bytes per thread in turn
 // (the order of bwd_kernel's adds). One block converts one query block: float4 i of a share is
 // register group j = i / 128 of thread t = i % 128, which holds rows r and r + 8, columns c and
 // c + 1 of the accumulator (wgmma's layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j
@@ -63,12 +64,12 @@ struct DqConvert {
   static constexpr int kPad = Traits::kDqTransposed ? 4 : 8;
   static constexpr bool kPerShare =
       Traits::kBlockM * (kWidth + kPad) * 4 > 48 * 1024 && !Traits::kDqSplitRows;
-  static constexpr int kShares = kPerShare ? 1 : Traits::kConsumers;  // per block
+  static constexpr int kShares = kPerShare ? 1 : Traits::kDqShares;  // per block
   static constexpr int kCols = kPerShare ? Traits::kDqCols : kWidth;  // per block
   static constexpr int kStride = kCols + kPad;
   static_assert(!kPerShare || !Traits::kDqTransposed);
   static_assert(Traits::kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static memory");
-  static constexpr int kBlocksPerQueryBlock = Traits::kConsumers / kShares;
+  static constexpr int kBlocksPerQueryBlock = Traits::kDqShares / kShares;
 };
 
 template <class Traits>
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   const int query_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
   const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
   const float4* in = reinterpret_cast<const float4*>(p.dq_accum) +
-                     int64_t(query_block) * Traits::kConsumers * kShare4 + first_share * kShare4;
+                     int64_t(query_block) * Traits::kDqShares * kShare4 + first_share * kShare4;
   for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
     const float4 v = in[i];
     const int consumer = i / kShare4;  // of the block's

@@ -6,7 +6,8 @@
 // lse) and dO (with D) by TMA through two rings. Each consumer warpgroup owns 64 of the keys:
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
-//   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
+//   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K (or, at head
+//   dim 96, each consumer's dQ over its own keys once it has written its own);
 // or, above head dim 128, the two consumers share 64 keys, each computing S^T and dP^T for half
 // the query rows and, once both have put P^T and dS^T in shared memory, dV, dK and dQ for half
 // the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
@@ -32,10 +33,12 @@
 
 namespace flashgen::hopper {
 
-// Named barriers (0 is __syncthreads): every consumer has written its dS^T; per consumer c and
-// staging buffer b (index c x buffers + b, at most 4), the dQ share is staged (full) and the dQ
-// warp has read it (empty).
+// Named barriers (0 is __syncthreads): every consumer has written its dS^T (where each computes
+// dQ over its own keys: consumer c has, kOwnDsWrittenBarrier + c); per consumer c and staging
+// buffer b (index c x buffers + b, at most 4), the dQ share is staged (full) and the dQ warp has
+// read it (empty).
 constexpr int kDsWrittenBarrier = 1;
+constexpr int kOwnDsWrittenBarrier = 13;
 constexpr int kDqFullBarrier = 2;
 constexpr int kDqEmptyBarrier = 6;
 constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ warp
@@ -104,7 +107,7 @@ struct KeyBlockWork {
 // Sets a deterministic run's dQ turn to `value` once this thread's bulk adds are in global
 // memory.
 __device__ __forceinline__ void pass_turn(int* turn, int value) {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  wait_bulk_writes();
   asm volatile("fence.proxy.async.global;" ::: "memory");
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
 }
@@ -113,8 +116,9 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
 // every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
 // reduce-add per piece from its first thread, handing the buffer back after each. A
 // deterministic run waits for the query block's turn before a share's first piece and passes it
-// on once the share is in global memory; the consumers wait only when all their buffers are
-// still queued.
+// on once the share is in global memory (where the consumers' shares cover the same query block
+// over their own keys, the second adds once the first has landed, in one turn); the consumers
+// wait only when all their buffers are still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
                                               Walk const& walk, float const* staging,
@@ -133,6 +137,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     float* const dq_block = p.dq_accum + row * Traits::kHeadDim;
     int* const turns =
         deterministic ? p.dq_semaphore + row / Traits::kBlockM * kConsumers : nullptr;
+    constexpr int kTurns = Traits::kDqShares;  // semaphores of the query block in use
     const int turn = deterministic && leader
                          ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
                          : 0;
@@ -141,7 +146,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
       for (int c = 0; c < kConsumers; ++c) {
         named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
         if (leader) {
-          if (deterministic && piece == 0) {
+          if (deterministic && piece == 0 && c < kTurns) {
             int seen;
             do {
               asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
@@ -150,7 +155,8 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
                            : "memory");
             } while (seen != turn);
           }
-          bulk_add_f32(dq_block + c * Traits::kDqFloats + piece * kPieceFloats,
+          if (deterministic && c >= kTurns) wait_bulk_writes();  // the same floats' last add
+          bulk_add_f32(dq_block + c % kTurns * Traits::kDqFloats + piece * kPieceFloats,
                        staging + (kBuffers * c + buffer) * kPieceFloats, kPieceFloats * 4);
         }
       }
@@ -162,7 +168,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
       }
     }
     if (deterministic && leader) {
-      for (int c = 0; c < kConsumers; ++c) pass_turn(turns + c, turn + 1);
+      for (int c = 0; c < kTurns; ++c) pass_turn(turns + c, turn + 1);
     }
   }
 }
@@ -378,10 +384,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // columns) times dS^T.
   using DqRows = Int<Traits::kDqRows>;
   using DqCols = Int<Traits::kDqCols>;
-  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
-                               make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
-  Tensor sKtShare = local_tile(sKt, Shape<DqCols, BN, _1>{},
-                               make_coord(Traits::kDqSplitRows ? 0 : consumer, _0{}, _0{}));
+  // (Over its own keys: dS's and K^T's columns of them.)
+  using DqKeys = Int<Traits::kDqKeys>;
+  constexpr bool kDqOwnKeys = Traits::kDqOwnKeys;
+  Tensor sdSShare =
+      local_tile(sdS, Shape<DqRows, DqKeys, typename Traits::DsBuffers>{},
+                 make_coord(Traits::kDqSplitRows ? consumer : 0, kDqOwnKeys ? consumer : 0, _0{}));
+  Tensor sKtShare = local_tile(
+      sKt, Shape<DqCols, DqKeys, _1>{},
+      make_coord(Traits::kDqSplitRows || kDqOwnKeys ? 0 : consumer, kDqOwnKeys ? consumer : 0,
+                 _0{}));
   auto dq_operands = [&] {  // (K's, dS's, the accumulator)
     if constexpr (Traits::kDqTransposed) {
       return cute::make_tuple(thr_dq.partition_fragment_A(sKtShare),
@@ -544,7 +556,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
     if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
     cutlass::arch::fence_view_async_shared();
-    named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
+    if constexpr (kDqOwnKeys) {
+      named_sync(kOwnDsWrittenBarrier + consumer, 128);
+    } else {
+      named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
+    }
     if constexpr (kSplitHeadDim) {
       issue_dv();
       if constexpr (!Traits::kDqBeforeDk) issue_dk();
@@ -577,7 +593,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const bool dq_from_registers = Traits::kDqFromRegisters && !deterministic;
     if (dq_from_registers) {
       float* const share = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-                           consumer * Traits::kDqFloats + 4 * thread;
+                           consumer % Traits::kDqShares * Traits::kDqFloats + 4 * thread;
       CUTE_UNROLL
       for (int j = 0; j < kGroups; ++j) {
         reduce_add_f32x4(share + 4 * 128 * j, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),

@@ -23,7 +23,9 @@ namespace flashgen::hopper {
 //   GEMMs' A operands; dQ's share is 64 query rows where kBlockM = 64 x consumers, else a share
 //   of the head dim's columns, as dQ = dS K (kBlockM = 64) or, where kBlockM is no multiple of
 //   wgmma's 64-row M, as dQ^T = K^T dS^T (the head dim's columns as M: kBlockM = 80 reads each K
-//   and V byte for 80 query rows, not 64);
+//   and V byte for 80 query rows, not 64); or, where a column share would cut a swizzle atom
+//   (head dim 96: 48 columns), each consumer's dQ over its own 64 keys, the whole query block
+//   (kDqOwnKeys: both add to the same workspace, and neither waits for the other's dS);
 // - by the head dim (kSplitHeadDim, above 128, where one consumer's dK and dV would exceed its
 //   registers): two consumers share the block's 64 keys, each computing S^T and dP^T for half the
 //   query rows and owning half the head dim's columns of dK, dV and dQ; P^T joins dS^T in shared
@@ -48,18 +50,24 @@ struct BwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumers;
   static constexpr int kThreads = 128 + kConsumerThreads;  // warpgroup 0 produces
 
-  // dQ's share per consumer: kDqRows query rows x kDqCols head-dim columns, computed transposed
-  // (kDqCols x kDqRows) where kBlockM is no multiple of 64.
-  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
-  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
-  static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
-  static constexpr int kDqCols = kDqSplitRows ? kHeadDim : kHeadDim / kConsumers;
-
   // The swizzle atom of the K, V, Q and dO tiles: the widest whose columns divide a consumer's
   // share of the head dim (split by it, 96 of head dim 192 take 32-column atoms), so that each
   // share is whole atoms.
   using Atom = decltype(smem_atom<Element, kKvCols>());
   static constexpr int kAtomCols = cute::size<1>(Atom{});
+
+  // dQ's share per consumer: kDqRows query rows x kDqCols head-dim columns over kDqKeys keys,
+  // computed transposed (kDqCols x kDqRows) where kBlockM is no multiple of 64; the workspace
+  // holds kDqShares per query block (one where each consumer adds dQ over its own keys).
+  static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
+  static constexpr bool kDqTransposed = kBlockM % 64 != 0;
+  static constexpr bool kDqOwnKeys = !kSplitHeadDim && kConsumers == 2 && kBlockM == 64 &&
+                                     (kHeadDim / kConsumers) % kAtomCols != 0;
+  static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
+  static constexpr int kDqCols =
+      kDqSplitRows || kDqOwnKeys ? kHeadDim : kHeadDim / kConsumers;
+  static constexpr int kDqKeys = kDqOwnKeys ? 64 : kBlockN;
+  static constexpr int kDqShares = kDqOwnKeys ? 1 : kConsumers;
 
   static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
                 "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
@@ -70,7 +78,8 @@ struct BwdTraits {
   static_assert(kBlockM % 16 == 0 && kBlockM >= 64 && kBlockM <= 128,
                 "block_m: a multiple of 16 from 64 to 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
-  static_assert(kDqSplitRows || ((kBlockM == 64 || kDqTransposed) && kDqCols % kAtomCols == 0),
+  static_assert(kDqSplitRows || kDqOwnKeys ||
+                    ((kBlockM == 64 || kDqTransposed) && kDqCols % kAtomCols == 0),
                 "dQ splits over the consumers by 64 query rows (block_m = 64 x consumers) or, "
                 "with block_m = 64 or no multiple of 64, by head-dim columns in whole swizzle "
                 "atoms");
@@ -144,8 +153,9 @@ struct BwdTraits {
                                           cute::GMMA::Major::MN>()),
       decltype(cute::GMMA::rs_op_selector<Element, Element, float, DkvShape, cute::GMMA::Major::K,
                                           cute::GMMA::Major::MN>())>{}));
-  using DqShape = std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kDqCols>, BM, BN>,
-                                     cute::Shape<cute::_64, cute::Int<kDqCols>, BN>>;
+  using DqShape =
+      std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kDqCols>, BM, BN>,
+                         cute::Shape<cute::_64, cute::Int<kDqCols>, cute::Int<kDqKeys>>>;
   using TiledMmaDq = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, DqShape, cute::GMMA::Major::MN,
                                  kDqTransposed ? cute::GMMA::Major::K : cute::GMMA::Major::MN>()));
