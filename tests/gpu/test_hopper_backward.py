@@ -1,8 +1,8 @@
 """The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever its
 head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
 that no query sees write zero gradients, long causal and GQA walks accumulate dQ right, the split of
-head dims 192 and 256 and head dim 96's single consumer warpgroup meet every score modifier, the
-window and dropout at the right positions, and deterministic runs (dQ added in a fixed order, by
+head dims 192 and 256 and head dim 96's dQ over each consumer's own keys meet every score modifier,
+the window and dropout at the right positions, and deterministic runs (dQ added in a fixed order, by
 semaphores) are bit-identical, including grids of more key blocks than SMs, which wait on blocks
 launched before them. The rest of the backward suite (test_backward, test_training, test_compile)
 runs on it too (it is the default there); scripts/gpu_check.sh runs those files again with
@@ -152,8 +152,8 @@ def test_varlen_gradients_run_on_the_mma_family():
 @pytest.mark.parametrize("head_dim", [96, 192, 256])
 def test_gradients_under_modifiers_masks_and_dropout_at_other_splits(head_dim, call):
     """Above head dim 128 the two consumers share 64 keys, each with half of a step's query rows;
-    at head dim 96 one consumer owns the block's 64 keys: the score modifiers, the window and
-    dropout's mask must see each row's own position (odd lengths, GQA, bf16)."""
+    at head dim 96 each consumer computes dQ over its own 64 keys: the score modifiers, the
+    window and dropout's mask must see each row's own position (odd lengths, GQA, bf16)."""
     from tests.gpu.test_backward import assert_attention_matches_reference, make_qkv
     from tests.gpu.test_dropout import mask_of_next_call
 

@@ -3,8 +3,8 @@ examples at 64 and 128), runs `flashgen generate`, and the variant's forward and
 the fp32 reference on every family: a document mask and a relative-position bias in one table,
 GQA, odd lengths. Its mask_mod is written with && (the shipped snippets use &, which runs
 branch-free), so the short-circuit form stays tested too. At these head dims the hopper family
-runs the forward and the backward (at 96 one consumer warpgroup of 64 keys, at 256 two splitting
-the head dim)."""
+runs the forward and the backward (at 96 each consumer warpgroup computing dQ over its own keys,
+at 256 the two splitting the head dim)."""
 
 from __future__ import annotations
 
