@@ -79,7 +79,7 @@ def test_filters():
                                               "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["bwd"], score_mods=["none"], dropout=True)
-    assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2d0",
+    assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2d1",
                                         "bwd_mma_sm90_fp16_hd64_none_dropout_m128n128w8s2"]
 
 
@@ -151,7 +151,7 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
     assert [e["name"] for e in entries] == [s.name for s in sorted(specs)]
     # the hopper backward's, hd64
     assert entries[0]["tile"] == {"block_m": 128, "block_n": 128, "q_stages": 2,
-                                  "dq_before_dk": False}
+                                  "dq_before_dk": True}
 
 
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):

@@ -529,10 +529,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     convert_into(tSrP, tSrS);
     convert_into(tSrdS, tSrdP);
 
-    // P^T and dS^T from registers: dV's GEMM runs while dS^T goes to this step's dS buffer. Split
-    // by the head dim, P^T goes to this step's P buffer too, and dV's and dK's GEMMs wait for
-    // every consumer's columns. The other buffers' last readers, the previous step's GEMMs, are
-    // done in every consumer: each waited for them before writing this step's.
+    // dS^T goes to this step's dS buffer first, then dV's GEMM issues (P^T and dS^T from
+    // registers), so that the stores have landed by the proxy fence after it (issued after the
+    // GEMMs, they held the fence). Split by the head dim, P^T goes to this step's P buffer too,
+    // and dV's and dK's GEMMs wait for every consumer's columns. The other buffers' last readers,
+    // the previous step's GEMMs, are done in every consumer: each waited for them before writing
+    // this step's.
     auto issue_dv = [&] {
       if constexpr (kSplitHeadDim) {
         warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer),
@@ -549,12 +551,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
       }
     };
+    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
+    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
     if constexpr (!kSplitHeadDim) {
       issue_dv();
       if constexpr (!Traits::kDqBeforeDk) issue_dk();
     }
-    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
-    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
     cutlass::arch::fence_view_async_shared();
     if constexpr (kDqOwnKeys) {
       named_sync(kOwnDsWrittenBarrier + consumer, 128);

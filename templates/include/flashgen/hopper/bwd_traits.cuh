@@ -31,7 +31,7 @@ namespace flashgen::hopper {
 //   query rows and owning half the head dim's columns of dK, dV and dQ; P^T joins dS^T in shared
 //   memory, since each consumer's dV needs the other's columns of it.
 // kDqBeforeDk issues dQ's GEMM ahead of dK's, so that dK's runs while the dQ share's adds issue;
-// split by keys it holds P^T, dS^T and dQ's share live at once, which spills at kBlockM = 128.
+// split by keys it holds P^T, dS^T and dQ's share live at once (8 bytes spilled at kBlockM = 128).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kDqBeforeDk_,
           class Element_>
 struct BwdTraits {
