@@ -289,13 +289,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
                     at.m_block);
         };
-        if constexpr (Traits::kDoFirst) {
-          load_do();
-          load_q();
-        } else {
-          load_q();
-          load_do();
-        }
+        // dO's stage frees first (after dV's and dQ's GEMMs, Q's after dK's), so its load goes
+        // first, issued as soon as the stage is free rather than behind Q's.
+        load_do();
+        load_q();
       }
     }
     return;
