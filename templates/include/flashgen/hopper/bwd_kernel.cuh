@@ -289,11 +289,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
                     at.m_block);
         };
-        // The load whose stage frees first goes first, issued as soon as that stage is free
-        // rather than behind the other's: with as many dO stages as Q stages dO's (released
-        // after dV's and dQ's GEMMs, Q's after dK's); with one dO stage to two of Q, Q's (the
-        // stage of the step after next is free a step earlier).
-        if constexpr (Traits::kDoStages == Traits::kStages) {
+        if constexpr (Traits::kDoFirst) {
           load_do();
           load_q();
         } else {

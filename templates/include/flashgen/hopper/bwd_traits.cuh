@@ -86,9 +86,9 @@ struct BwdTraits {
   static_assert(!kDqTransposed || kDqCols == 64,
                 "a transposed dQ share is one wgmma's 64 rows: head_dim = 64 x consumers");
   static_assert(kStages >= 1, "q_stages: at least 1");
-  // With one Q stage the consumers run dP^T = V dO^T first: dO's tile is released first (after
-  // dV's and dQ's GEMMs, Q's after dK's) and loaded first, so the next Q has that GEMM to arrive
-  // under.
+  // With one Q stage, dO's tile is released first (after dV's and dQ's GEMMs, Q's after dK's):
+  // the producer loads it first and the consumers run dP^T = V dO^T first, so that the next Q
+  // has that GEMM to arrive under.
   static constexpr bool kDoFirst = kStages == 1;
 
   // Each consumer thread holds its S^T columns' query-row statistics (lse and D, kBlockM / 4 of
