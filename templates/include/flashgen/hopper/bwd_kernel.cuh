@@ -531,9 +531,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // dS^T goes to this step's dS buffer first, then dV's GEMM issues (P^T and dS^T from
     // registers), so that the stores have landed by the proxy fence after it (issued after the
-    // GEMMs, they held the fence). A transposed dQ share issues dV's GEMM first: dV must retire
-    // before dQ^T's GEMM issues (below), and with the stores first that wait held the step and
-    // the dropout kernel spilled 120 bytes, not 24. Split by the head dim, P^T goes to this
+    // GEMMs, they hold the fence). A transposed dQ share issues dV's GEMM first: dV must retire
+    // before dQ^T's GEMM issues (below), and with the stores first that wait holds the step and
+    // the dropout kernel spills 120 bytes instead of 24. Split by the head dim, P^T goes to this
     // step's P buffer too, and dV's and dK's GEMMs wait for every consumer's columns. The other
     // buffers' last readers, the previous step's GEMMs, are done in every consumer: each waited
     // for them before writing this step's.
