@@ -531,10 +531,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // dS^T goes to this step's dS buffer first, then dV's GEMM issues (P^T and dS^T from
     // registers), so that the stores have landed by the proxy fence after it (issued after the
-    // GEMMs, they held the fence). Split by the head dim, P^T goes to this step's P buffer too,
-    // and dV's and dK's GEMMs wait for every consumer's columns. The other buffers' last readers,
-    // the previous step's GEMMs, are done in every consumer: each waited for them before writing
-    // this step's.
+    // GEMMs, they hold the fence). A transposed dQ share issues dV's GEMM first: dV must retire
+    // before dQ^T's GEMM issues (below), and with the stores first that wait holds the step and
+    // the dropout kernel spills 120 bytes instead of 24. Split by the head dim, P^T goes to this
+    // step's P buffer too, and dV's and dK's GEMMs wait for every consumer's columns. The other
+    // buffers' last readers, the previous step's GEMMs, are done in every consumer: each waited
+    // for them before writing this step's.
     auto issue_dv = [&] {
       if constexpr (kSplitHeadDim) {
         warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer),
@@ -551,22 +553,21 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
       }
     };
-    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
-    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
-    if constexpr (!kSplitHeadDim) {
+    auto issue_dkv = [&] {
       issue_dv();
       if constexpr (!Traits::kDqBeforeDk) issue_dk();
-    }
+    };
+    if constexpr (!kSplitHeadDim && Traits::kDqTransposed) issue_dkv();
+    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
+    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
+    if constexpr (!kSplitHeadDim && !Traits::kDqTransposed) issue_dkv();
     cutlass::arch::fence_view_async_shared();
     if constexpr (kDqOwnKeys) {
       named_sync(kOwnDsWrittenBarrier + consumer, 128);
     } else {
       named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
     }
-    if constexpr (kSplitHeadDim) {
-      issue_dv();
-      if constexpr (!Traits::kDqBeforeDk) issue_dk();
-    }
+    if constexpr (kSplitHeadDim) issue_dkv();
     if constexpr (Traits::kDqTransposed) {
       // A transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in flight
       // exceeds the registers (ptxas serialises the wgmmas, C7512): dV's GEMM, issued first and

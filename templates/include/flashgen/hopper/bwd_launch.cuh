@@ -51,8 +51,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                                kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                              p.batch * p.heads_kv;
-  for (int64_t blocks : {prepare_grid, key_blocks,
-                         query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock}) {
+  const int64_t convert_blocks = query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock;
+  for (int64_t blocks : {prepare_grid, key_blocks, convert_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
   if (p.dq_semaphore != nullptr) {
@@ -68,8 +68,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     return err;
   }
   kernel<<<unsigned(key_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
-  bwd_dq_convert_kernel<Traits><<<unsigned(query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock),
-                                  kAuxThreads, 0, stream>>>(p);
+  bwd_dq_convert_kernel<Traits><<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
