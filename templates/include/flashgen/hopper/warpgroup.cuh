@@ -33,19 +33,61 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A shared-memory operand's wgmma descriptors, advanced by 64-bit adds. CuTe's iterator adds to
+// the low word and copies the high one, which ptxas emits as an add and a move of the constant
+// high word per descriptor (UIADD3 + UMOV, two of each per wgmma); one 64-bit add (UIADD3.64)
+// does both. The start address (the low 14 bits, in 16-byte units of at most 227 KB) never
+// carries into the high word.
+struct Descriptors64 {
+  using reference = cute::GmmaDescriptor;
+  using element_type = cute::GmmaDescriptor;
+  using value_type = cute::GmmaDescriptor;
+  uint64_t desc;
+
+  CUTE_HOST_DEVICE constexpr reference operator*() const { return reference(desc); }
+  template <class Index>
+  CUTE_HOST_DEVICE constexpr reference operator[](Index const& i) const {
+    return *(*this + i);
+  }
+  template <class Index>
+  CUTE_HOST_DEVICE constexpr Descriptors64 operator+(Index const& offset) const {
+    return {desc + uint64_t(offset)};
+  }
+};
+// What mma_unpack's recast to the descriptors' register type finds (as for CuTe's iterator).
+template <class NewT>
+CUTE_HOST_DEVICE constexpr Descriptors64 recast_ptr(Descriptors64 const& descriptors) {
+  static_assert(std::is_same_v<NewT, uint64_t>, "wgmma descriptors recast only to uint64_t");
+  return descriptors;
+}
+
+template <class Operand>
+constexpr bool kIsDescriptors =
+    std::is_same_v<typename Operand::engine_type::iterator, cute::GMMA::DescriptorIterator>;
+
+// A wgmma operand as issued: shared memory by 64-bit descriptors, registers as they are.
+template <class Operand>
+__device__ __forceinline__ decltype(auto) issued_operand(Operand const& operand) {
+  if constexpr (kIsDescriptors<Operand>) {
+    return cute::make_tensor(Descriptors64{operand.data().desc_.desc_}, operand.layout());
+  } else {
+    return (operand);
+  }
+}
+
 // One warpgroup's GEMM: c (+)= a * b over every k-block, issued and committed, not waited for.
 template <bool kZeroInit, class TiledMma, class A, class B, class C>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, A const& a, B const& b, C& c) {
   using namespace cute;
   warpgroup_fence_operand(c);
-  if constexpr (!std::is_same_v<typename A::engine_type::iterator, GMMA::DescriptorIterator>) {
-    warpgroup_fence_operand(const_cast<A&>(a));
-  }
+  if constexpr (!kIsDescriptors<A>) warpgroup_fence_operand(const_cast<A&>(a));
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
+  auto&& issued_a = issued_operand(a);
+  auto&& issued_b = issued_operand(b);
   CUTE_UNROLL
   for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
+    gemm(mma, issued_a(_, _, k), issued_b(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
