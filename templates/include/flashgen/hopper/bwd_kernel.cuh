@@ -569,9 +569,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if constexpr (kSplitHeadDim) issue_dkv();
     if constexpr (Traits::kDqTransposed) {
-      // A transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in flight
-      // exceeds the registers (ptxas serialises the wgmmas, C7512): dV's GEMM, issued first and
-      // long done by now, retires before dQ's issues, which frees P^T.
+      // dV's GEMM, issued first and long done by now, retires before dQ's issues, which frees
+      // P^T: a transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in
+      // flight spills 140 bytes in the dropout kernel (and ran level without dropout).
       warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
       warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
     } else {
