@@ -371,12 +371,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
   // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
   // row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
-  // address space: generic stores with 64-bit address arithmetic.)
+  // address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
+  // offset within the buffers, whose base is aligned to its period, not to the pointer: a
+  // thread's stores of a step are then one shared address plus immediates, where the pointer's
+  // swizzle rebuilt each address every step in 64-bit arithmetic (about 60 instructions).
   auto store_ds =
       make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(thread);
   Tensor tdSsdS = thr_store_ds.partition_D(
-      local_tile(sdSt, Shape<_64, Rows, typename Traits::DsBuffers>{},
+      local_tile(as_position_independent_swizzle_tensor(sdSt),
+                 Shape<_64, Rows, typename Traits::DsBuffers>{},
                  make_coord(key_share, row_share, _0{})));
   Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);
   Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);
