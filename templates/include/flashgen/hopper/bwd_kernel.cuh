@@ -374,7 +374,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
   // offset within the buffers, whose base is aligned to its period, not to the pointer: a
   // thread's stores of a step are then one shared address plus immediates, where the pointer's
-  // swizzle rebuilt each address every step in 64-bit arithmetic (about 60 instructions).
+  // swizzle rebuilt each address every step in 64-bit arithmetic.
   auto store_ds =
       make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(thread);
@@ -537,7 +537,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // registers), so that the stores have landed by the proxy fence after it (issued after the
     // GEMMs, they hold the fence). A transposed dQ share issues dV's GEMM first: dV must retire
     // before dQ^T's GEMM issues (below), and with the stores first that wait holds the step and
-    // the dropout kernel spills 120 bytes instead of 24. Split by the head dim, P^T goes to this
+    // the dropout kernel spills more. Split by the head dim, P^T goes to this
     // step's P buffer too, and dV's and dK's GEMMs wait for every consumer's columns. The other
     // buffers' last readers, the previous step's GEMMs, are done in every consumer: each waited
     // for them before writing this step's.
@@ -575,7 +575,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kDqTransposed) {
       // dV's GEMM, issued first and long done by now, retires before dQ's issues, which frees
       // P^T: a transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in
-      // flight spills 140 bytes in the dropout kernel (and ran level without dropout).
+      // flight makes the dropout kernel spill more (and ran level without dropout).
       warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
       warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
     } else {
