@@ -84,7 +84,7 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
-    assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1" in out
+    assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
     # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
     # the variants' 6 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
@@ -144,5 +144,5 @@ def test_generate_warns_of_a_kernel_whose_wgmma_ptxas_serialised(tmp_path, capsy
                  "--head-dim", "128", "--dtype", "bf16", "--score-mod", "none", "--dropout",
                  "without", "--out", str(tmp_path / "out")]) == 0
     err = capsys.readouterr().err
-    assert "warning: bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1: ptxas serialised" in err
+    assert "warning: bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1: ptxas serialised" in err
     assert "_none_" not in err

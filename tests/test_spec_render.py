@@ -57,7 +57,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
 def test_name_encodes_every_compile_time_parameter(specs):
     chosen = [s for s in specs if s.arch == "sm_90" and s.dtype == "bf16" and s.head_dim == 128
               and s.mask == "causal" and s.score_mod == "none" and not s.dropout]
-    assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s2d1",
+    assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
