@@ -123,7 +123,7 @@ FWD_FIELDS = (
     _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
     Field("ranks_per_round", "int", "mma family: the grid's order (block_order.cuh, "
-          "flashgen/families/mma/schedule.py)", default=1),
+          "flashgen/schedule.py)", default=1),
     Field("tile_counter", "int*", "hopper family: an int that the launcher zeroes and a "
           "persistent grid's blocks claim their next tiles from, in order, as they free up "
           "(fwd_kernel.cuh). nullptr: tiles dealt out statically", default=0),
@@ -162,8 +162,9 @@ BWD_FIELDS = (
           "workspace, zeroed by the launcher, where the pieces of each split key block add their "
           "dK and dV, then split_blocks int counters of the pieces that have added (the last one "
           "writes dK and dV). Unused when split_blocks is 0", default=0),
-    Field("sorted_tail_blocks", "int", "mma family: the grids' order (block_work_sorted_tail, "
-          "flashgen/families/mma/schedule.py)", default=0),
+    Field("sorted_tail_blocks", "int", "the backward grid's order (block_work_sorted_tail, "
+          "flashgen/schedule.py); the hopper family's deterministic runs keep their own",
+          default=0),
     Field("split_blocks", "int", "mma family: the dK/dV grid's last split_blocks key blocks run "
           "as `splits` pieces each, each a share of the block's steps (grid_piece). Not on the "
           "deterministic path", default=0),

@@ -3,6 +3,7 @@ allocation, and the one alignment policy for inputs."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
@@ -26,6 +27,13 @@ def problem_sizes(q, k, varlen: tuple = ()) -> tuple[int, int, int, dict]:
     cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
     return (cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k,
             {"cu_seqlens_q": cu_seqlens_q.data_ptr(), "cu_seqlens_k": cu_seqlens_k.data_ptr()})
+
+
+@functools.cache
+def device_resources(device_index: int) -> tuple[int, int]:
+    """The device's SM count and L2 bytes."""
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.L2_cache_size
 
 
 def call_on_device(entry, device_index: int, args: tuple) -> None:

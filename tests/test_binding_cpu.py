@@ -28,7 +28,7 @@ from codegen.families.mma import resources  # noqa: E402
 from codegen.masks import MASKS, Band  # noqa: E402
 from flashgen import backward, decode, forward, launch, loader  # noqa: E402
 from flashgen.families import mma  # noqa: E402
-from flashgen.families.mma import schedule  # noqa: E402
+from flashgen import schedule  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
 CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}

@@ -18,8 +18,7 @@ MAIN, SMALL = FwdTile(128, 32, 4, 3), FwdTile(64, 64, 4, 2)  # sm_90 head dim 12
 
 @pytest.fixture
 def forward(monkeypatch):
-    from flashgen import forward
-    from flashgen.families import mma
+    from flashgen import forward, launch
 
     monkeypatch.delenv("FLASHGEN_CONFIG", raising=False)
     # These tests are about the mma family's tile choice; dispatch would run the hopper family.
@@ -27,7 +26,7 @@ def forward(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H100)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     monkeypatch.setattr(forward.loader, "launcher", lambda spec: SimpleNamespace(spec=spec))
-    caches = (forward._plan, forward._candidates, mma.device_resources)
+    caches = (forward._plan, forward._candidates, launch.device_resources)
     for cache in caches:
         cache.cache_clear()
     yield forward
@@ -46,7 +45,7 @@ def test_few_short_sequences_run_the_alt_tile(forward):
 
 
 def test_causal_calls_run_their_longest_query_blocks_first(forward):
-    from flashgen.families.mma import schedule
+    from flashgen import schedule
 
     fields = forward._plan(0, "bf16", 128, "causal", 256, 4096)[2]
     assert fields == {"ranks_per_round": schedule.CAUSAL_RANKS_PER_ROUND}
@@ -161,21 +160,45 @@ def grid(backward, mask, batch, seqlen, heads, head_dim=128, deterministic=False
 
 @pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
 def test_causal_backward_grids_end_on_waves_of_their_shortest_blocks(backward, batch, seqlen):
-    from flashgen.families.mma import schedule
+    from flashgen import schedule
 
     assert grid(backward, "causal", batch, seqlen, 16) == schedule.BwdGrid(
         sorted_tail_blocks=schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
 
 
 def test_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(backward):
-    from flashgen.families.mma import schedule
+    from flashgen import schedule
 
     # 4 waves of 128 key blocks take 5 (batch, head)s: 5 x 16k x 128 x 4 bytes = 40 MiB
     assert grid(backward, "causal", 1, 16384, 16) == schedule.BwdGrid()
 
 
+@pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
+def test_hopper_causal_backward_grids_end_on_their_shortest_blocks(backward, monkeypatch, batch,
+                                                                   seqlen):
+    """As the mma family's, except where a run is deterministic (its blocks wait on blocks
+    launched before them, in its own order) or the blocks are equal (no mask)."""
+    from flashgen import schedule
+    from flashgen.families import hopper
+
+    monkeypatch.delenv("FLASHGEN_FAMILY")
+
+    def hopper_grid(mask, batch, seqlen, deterministic=False):
+        spec = backward._choose(0, "bf16", 128, mask)[0].spec
+        assert spec.family == "hopper"
+        return hopper.backward_grid(spec, (batch, seqlen, 16, 128), (seqlen, 16), 0,
+                                    deterministic)
+
+    assert hopper_grid("causal", batch, seqlen) == schedule.BwdGrid(
+        sorted_tail_blocks=schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
+    assert hopper_grid("causal", batch, seqlen, deterministic=True) == schedule.BwdGrid()
+    assert hopper_grid("none", batch, seqlen) == schedule.BwdGrid()
+    # 4 waves of 128 key blocks take 5 (batch, head)s: 40 MiB of dQ workspace, too much of L2
+    assert hopper_grid("causal", 1, 16384) == schedule.BwdGrid()
+
+
 def test_non_causal_backward_grids_split_their_last_wave(backward):
-    from flashgen.families.mma import schedule
+    from flashgen import schedule
 
     # every block does the same work: 8 x 16 x 16 = 2048 key blocks of 32 steps, 15.5 waves
     bwd_grid = grid(backward, "none", 8, 2048, 16)

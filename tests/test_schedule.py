@@ -1,5 +1,5 @@
-"""The grids' orders: schedule.py's choices, and mma/block_order.cuh's decoding of them (compiled for
-the host with the C++ compiler, called through ctypes)."""
+"""The grids' orders: schedule.py's choices, and common/block_order.cuh's decoding of them
+(compiled for the host with the C++ compiler, called through ctypes)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 
 from codegen import paths
 from codegen.masks import MASKS
-from flashgen.families.mma import schedule
+from flashgen import schedule
 
 DECODER = """
-#include "flashgen/mma/block_order.cuh"
+#include "flashgen/common/block_order.cuh"
 extern "C" void decode(int block, int ranks, int batch_heads, int ranks_per_round, int* out) {
   const flashgen::BlockWork work = flashgen::block_work(block, ranks, batch_heads, ranks_per_round);
   out[0] = work.rank;

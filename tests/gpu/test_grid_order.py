@@ -1,4 +1,4 @@
-"""The grids' order (flashgen/families/mma/schedule.py, block_order.cuh) decides which block runs
+"""The grids' order (flashgen/schedule.py, block_order.cuh) decides which block runs
 when, never what it computes: under causal masking every order gives the same bits (the backward's dQ
 only where it is deterministic: atomics add in any order), and they match the fp32 reference.
 Split key blocks sum their pieces in fp32, in any order: their gradients match the reference.
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from flashgen import flash_attn_func, forward
-from flashgen.families.mma import schedule
+from flashgen import schedule
 from flashgen.reference import GRADIENT_EPS, assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations", "mma_forward")]

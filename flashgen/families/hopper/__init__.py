@@ -1,5 +1,5 @@
 """The hopper family's run-time decisions (codegen/families/hopper/ builds its kernels): which of
-a head dim's forward tiles runs a call, and the backward's workspaces.
+a head dim's forward tiles runs a call, and the backward's grid order and workspaces.
 
 A head dim's (or a mask's) alt tiles are short-sequence tiles. The main tiles are sized for long
 rows; on short ones a smaller tile wastes fewer rows past the sequence and less work on the
@@ -20,6 +20,7 @@ from codegen import params
 from codegen.families.hopper.resources import backward_consumers
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
+from flashgen import launch, schedule
 
 SHORT_SEQLEN = 1024
 
@@ -45,6 +46,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     batch, seqlen_q, heads, head_dim = q.shape
     query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
     rows = query_blocks * spec.tile.block_m
+    grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
     consumers = backward_consumers(head_dim, spec.tile.block_n)
     turns = query_blocks * consumers if deterministic else 0
     scratch = torch.empty(rows * (head_dim + 2) + turns, dtype=torch.float32, device=q.device)
@@ -55,5 +57,24 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
         dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
-        **mods.fields(scale), **band.fields())
+        sorted_tail_blocks=grid.sorted_tail_blocks, **mods.fields(scale), **band.fields())
     return args, scratch
+
+
+def backward_grid(spec, q_shape, k_sizes, device_index: int,
+                  deterministic: bool) -> schedule.BwdGrid:
+    """The order of the backward kernel `spec`'s grid for q of shape (batch, seqlen_q, heads,
+    head_dim) and k_sizes (seqlen_k, heads_kv). One (batch, KV head)'s key blocks run after
+    another, the longest first; under a mask that gives them unequal walks, the last (batch, KV
+    head)s interleave theirs longest first across them (schedule.sorted_tail_blocks), so that no
+    long block starts in the grid's last wave. A deterministic run keeps its own order: each
+    block waits only on blocks launched before it. No split tail: the kernel has no pieces."""
+    batch, seqlen_q, heads, head_dim = q_shape
+    seqlen_k, heads_kv = k_sizes
+    if deterministic or not spec.mask_kind.hides_keys:
+        return schedule.BwdGrid()
+    sm_count, l2_bytes = launch.device_resources(device_index)
+    rows = -(-seqlen_q // spec.tile.block_m) * spec.tile.block_m
+    dq_bytes = heads // heads_kv * rows * head_dim * 4  # a (batch, KV head)'s workspace
+    return schedule.BwdGrid(schedule.sorted_tail_blocks(
+        True, -(-seqlen_k // spec.tile.block_n), batch * heads_kv, dq_bytes, sm_count, l2_bytes))

@@ -5,7 +5,6 @@ head dim's forward tiles runs a call (tile_choice.py), the grids' order and the 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 
@@ -13,8 +12,8 @@ from codegen import params
 from codegen.families.mma import resources
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
-from flashgen import launch
-from flashgen.families.mma import schedule, tile_choice
+from flashgen import launch, schedule
+from flashgen.families.mma import tile_choice
 
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
 # pinned_forward_tile): read when a shape is first planned, never per call.
@@ -25,7 +24,7 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
     """The spec that runs a forward call of this shape among a head dim's candidates (the main
     tile first), and its FwdParams fields."""
     if _pinned_tile is None:
-        sm_count, _ = device_resources(device_index)
+        sm_count, _ = launch.device_resources(device_index)
         tile = tile_choice.choose_tile([s.tile for s in candidates], batch_heads, seqlen_q,
                                        sm_count)
         spec = next(s for s in candidates if s.tile == tile)
@@ -100,7 +99,7 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_sizes
     group = heads // heads_kv
-    sm_count, l2_bytes = device_resources(device_index)
+    sm_count, l2_bytes = launch.device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
     uneven = spec.mask_kind.hides_keys
@@ -110,10 +109,3 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     split = schedule.split_tail(uneven, deterministic, key_blocks * batch * heads_kv, steps,
                                 sm_count)
     return schedule.BwdGrid(sorted_tail_blocks, *split)
-
-
-@functools.cache
-def device_resources(device_index: int) -> tuple[int, int]:
-    """The device's SM count and L2 bytes."""
-    props = torch.cuda.get_device_properties(device_index)
-    return props.multi_processor_count, props.L2_cache_size

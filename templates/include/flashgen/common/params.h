@@ -105,7 +105,7 @@ struct FwdParams : AttentionParams {
   int64_t o_head_stride;
   // (batch, heads, seqlen_q), contiguous, natural log
   float* softmax_lse;
-  // mma family: the grid's order (block_order.cuh, flashgen/families/mma/schedule.py)
+  // mma family: the grid's order (block_order.cuh, flashgen/schedule.py)
   int ranks_per_round;
   // hopper family: an int that the launcher zeroes and a persistent grid's blocks claim their next
   // tiles from, in order, as they free up (fwd_kernel.cuh). nullptr: tiles dealt out statically
@@ -182,7 +182,8 @@ struct BwdParams : AttentionParams {
   // where the pieces of each split key block add their dK and dV, then split_blocks int counters of
   // the pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0
   float* dkv_accum;
-  // mma family: the grids' order (block_work_sorted_tail, flashgen/families/mma/schedule.py)
+  // the backward grid's order (block_work_sorted_tail, flashgen/schedule.py); the hopper family's
+  // deterministic runs keep their own
   int sorted_tail_blocks;
   // mma family: the dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each a
   // share of the block's steps (grid_piece). Not on the deterministic path

@@ -22,6 +22,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "flashgen/common/block_order.cuh"
 #include "flashgen/common/bulk_reduce.cuh"
 #include "flashgen/common/dropout.cuh"
 #include "flashgen/common/mask.cuh"
@@ -62,18 +63,22 @@ struct KeyBlockWork {
   Mask mask;
 
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
-      : mask(p, int(blockIdx.x) / ((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN) /
-                    p.heads_kv,
-             p.seqlen_k, p.mask_offset) {
+      : KeyBlockWork(p, decode(p, deterministic)) {}
+  __device__ __forceinline__ KeyBlockWork(BwdParams const& p, BlockWork work)
+      : n_block(work.rank), head_kv(work.batch_head % p.heads_kv),
+        batch(work.batch_head / p.heads_kv),
+        m_blocks((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+        mask(p, batch, p.seqlen_k, p.mask_offset) {}
+  // One (batch, KV head) after another, the longest key block first (under a causal mask the
+  // first key blocks see the most query blocks), the last (batch, KV head)s interleaved where the
+  // host sorts the grid's tail (block_order.cuh). A deterministic run adds dQ in descending
+  // key-block order, so it launches the last key block first: a block only ever waits on blocks
+  // launched before it.
+  static __device__ __forceinline__ BlockWork decode(BwdParams const& p, bool deterministic) {
     const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const int index = int(blockIdx.x);
-    // Longest first (under a causal mask the first key blocks see the most query blocks). A
-    // deterministic run adds dQ in descending key-block order, so it launches the last key
-    // block first: a block only ever waits on blocks launched before it.
-    n_block = deterministic ? n_blocks - 1 - index % n_blocks : index % n_blocks;
-    head_kv = index / n_blocks % p.heads_kv;
-    batch = index / n_blocks / p.heads_kv;
-    m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    if (deterministic) return {n_blocks - 1 - index % n_blocks, index / n_blocks};
+    return block_work_sorted_tail(index, n_blocks, p.batch * p.heads_kv, p.sorted_tail_blocks);
   }
   // The query blocks that see a key of the block, for each query head of the group.
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(

@@ -14,7 +14,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "flashgen/mma/block_order.cuh"
+#include "flashgen/common/block_order.cuh"
 #include "flashgen/common/bulk_reduce.cuh"
 #include "flashgen/mma/bwd_step.cuh"
 #include "flashgen/mma/bwd_traits.cuh"

@@ -7,7 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashgen/mma/accumulator.cuh"
-#include "flashgen/mma/block_order.cuh"
+#include "flashgen/common/block_order.cuh"
 #include "flashgen/mma/copy.cuh"
 #include "flashgen/mma/fwd_traits.cuh"
 #include "flashgen/mma/gemm.cuh"

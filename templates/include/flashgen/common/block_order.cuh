@@ -1,6 +1,6 @@
 // Which block of work a thread block of a 1-D grid runs. Python chooses the order
-// (flashgen/schedule.py); this only decodes it. block_work orders the forward's grid,
-// block_work_sorted_tail and grid_piece the backward's.
+// (flashgen/schedule.py); this only decodes it. block_work orders the mma forward's grid,
+// block_work_sorted_tail the backward's (both families), grid_piece the mma backward's.
 //
 // Each (batch, head) has `ranks` blocks of work, rank 0 the longest (the forward's last query
 // block under causal masking). The GPU starts thread blocks in index order as SMs free up, so a

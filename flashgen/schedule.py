@@ -1,5 +1,5 @@
 """The order in which the forward's and the backward's grids visit their blocks: pure
-functions, decoded by templates/include/flashgen/mma/block_order.cuh.
+functions, decoded by templates/include/flashgen/common/block_order.cuh.
 
 Each (batch, head) has `ranks` query blocks, rank 0 the longest (the last block: under causal
 masking it sees the most keys). The grid runs them in rounds of `ranks_per_round` ranks, longest
