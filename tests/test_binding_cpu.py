@@ -27,8 +27,8 @@ from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
 from codegen.masks import MASKS, Band  # noqa: E402
 from flashgen import backward, decode, forward, launch, loader  # noqa: E402
-from flashgen.families import mma  # noqa: E402
 from flashgen import schedule  # noqa: E402
+from flashgen.families import hopper, mma  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
 CTYPES = {"int64_t": ctypes.c_int64, "int": ctypes.c_int, "float": ctypes.c_float}
@@ -272,20 +272,26 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
     block_m = 64
     launcher = RecordingLauncher(BwdParams, family="hopper", mask="none",
                                  tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
+    # (a deterministic grid is never split)
+    grid = schedule.BwdGrid() if deterministic else BWD_GRID
+    monkeypatch.setattr(hopper, "backward_grid", lambda *_: grid)
     tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
-    # lse * log2(e), then (deterministic) an int per query block and consumer warpgroup.
+    # lse * log2(e), then (deterministic) an int per query block and consumer warpgroup, or the
+    # split blocks' dK, dV and counter (BwdTraits::kSplitFloats each).
     query_blocks = BATCH * HEADS * -(-SEQLEN_Q // block_m)
     rows = query_blocks * block_m
     turns = query_blocks * (BLOCK_N // 64) if deterministic else 0
-    assert (scratch.shape, scratch.dtype) == ((rows * (64 + 2) + turns,), torch.float32)
+    split_floats = grid.split_blocks * (2 * BLOCK_N * 64 + 1)
+    assert (scratch.shape, scratch.dtype) == ((rows * (64 + 2) + turns + split_floats,),
+                                              torch.float32)
     assert fields(params) == {
         **tensor_fields(**tensors), "softmax_lse": lse.data_ptr(),
         "dq_accum": scratch.data_ptr(), "softmax_d": scratch.data_ptr() + 4 * rows * 64,
         "softmax_lse_log2": scratch.data_ptr() + 4 * rows * 65,
         "dq_semaphore": scratch.data_ptr() + 4 * rows * 66 if deterministic else None,
-        "dkv_accum": None, "sorted_tail_blocks": 0, "split_blocks": 0, "splits": 1,
-        "attn_bias_grad": None,
+        "dkv_accum": scratch.data_ptr() + 4 * rows * 66 if split_floats else None,
+        **grid._asdict(), "attn_bias_grad": None,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
 
 

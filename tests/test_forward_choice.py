@@ -173,28 +173,40 @@ def test_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(ba
     assert grid(backward, "causal", 1, 16384, 16) == schedule.BwdGrid()
 
 
-@pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
-def test_hopper_causal_backward_grids_end_on_their_shortest_blocks(backward, monkeypatch, batch,
-                                                                   seqlen):
-    """As the mma family's, except where a run is deterministic (its blocks wait on blocks
-    launched before them, in its own order) or the blocks are equal (no mask)."""
-    from flashgen import schedule
+def hopper_grid(backward, monkeypatch, mask, batch, seqlen, deterministic=False):
+    """The hopper family's backward grid for the default hd128 kernel, 16 heads."""
     from flashgen.families import hopper
 
-    monkeypatch.delenv("FLASHGEN_FAMILY")
+    monkeypatch.delenv("FLASHGEN_FAMILY", raising=False)
+    spec = backward._choose(0, "bf16", 128, mask)[0].spec
+    assert spec.family == "hopper"
+    return hopper.backward_grid(spec, (batch, seqlen, 16, 128), (seqlen, 16), 0, deterministic)
 
-    def hopper_grid(mask, batch, seqlen, deterministic=False):
-        spec = backward._choose(0, "bf16", 128, mask)[0].spec
-        assert spec.family == "hopper"
-        return hopper.backward_grid(spec, (batch, seqlen, 16, 128), (seqlen, 16), 0,
-                                    deterministic)
 
-    assert hopper_grid("causal", batch, seqlen) == schedule.BwdGrid(
+@pytest.mark.parametrize("batch, seqlen", [(8, 2048), (2, 8192)])
+def test_hopper_backward_grids_order_and_split_as_the_mma_familys(backward, monkeypatch, batch,
+                                                                 seqlen):
+    """Causal grids end on waves of their shortest blocks, unmasked ones split their last wave
+    (2048 equal key blocks, 15.5 waves), deterministic ones keep their own order (each block
+    waits on blocks launched before it) whole."""
+    from flashgen import schedule
+
+    assert hopper_grid(backward, monkeypatch, "causal", batch, seqlen) == schedule.BwdGrid(
         sorted_tail_blocks=schedule.SORTED_TAIL_WAVES * H100.multi_processor_count)
-    assert hopper_grid("causal", batch, seqlen, deterministic=True) == schedule.BwdGrid()
-    assert hopper_grid("none", batch, seqlen) == schedule.BwdGrid()
-    # 4 waves of 128 key blocks take 5 (batch, head)s: 40 MiB of dQ workspace, too much of L2
-    assert hopper_grid("causal", 1, 16384) == schedule.BwdGrid()
+    unmasked = hopper_grid(backward, monkeypatch, "none", batch, seqlen)
+    assert unmasked.sorted_tail_blocks == 0
+    assert unmasked.split_blocks == 2048 % H100.multi_processor_count and unmasked.splits > 1
+    for mask in ("causal", "none"):
+        assert hopper_grid(backward, monkeypatch, mask, batch, seqlen,
+                           deterministic=True) == schedule.BwdGrid()
+
+
+def test_hopper_backward_grids_stay_batch_head_major_where_the_tails_dq_overflows_l2(
+        backward, monkeypatch):
+    from flashgen import schedule
+
+    # 4 waves of 128 key blocks take 5 (batch, head)s: 5 x 16k x 128 x 4 bytes = 40 MiB
+    assert hopper_grid(backward, monkeypatch, "causal", 1, 16384) == schedule.BwdGrid()
 
 
 def test_non_causal_backward_grids_split_their_last_wave(backward):

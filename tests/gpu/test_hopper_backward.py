@@ -2,11 +2,11 @@
 head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
 that no query sees write zero gradients, long causal and GQA walks accumulate dQ right, the split of
 head dims 192 and 256 and head dim 96's dQ over each consumer's own keys meet every score modifier,
-the window and dropout at the right positions, and deterministic runs (dQ added in a fixed order, by
-semaphores) are bit-identical, including grids of more key blocks than SMs, which wait on blocks
-launched before them. The rest of the backward suite (test_backward, test_training, test_compile)
-runs on it too (it is the default there); scripts/gpu_check.sh runs those files again with
-FLASHGEN_FAMILY=mma."""
+the window and dropout at the right positions, the pieces of split key blocks sum their dK and dV,
+and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical, including grids
+of more key blocks than SMs, which wait on blocks launched before them. The rest of the backward
+suite (test_backward, test_training, test_compile) runs on it too (it is the default there);
+scripts/gpu_check.sh runs those files again with FLASHGEN_FAMILY=mma."""
 
 from __future__ import annotations
 
@@ -83,6 +83,23 @@ def test_long_gqa_walks(head_dim, dtype, causal):
     k = torch.randn(1, 3000, 2, head_dim, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     grads, reference, same_dtype, _ = grads_and_reference(q, k, v, causal)
+    assert_grads_close(grads, reference, same_dtype)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256], ids=lambda d: f"hd{d}")
+def test_split_key_blocks_sum_their_pieces(head_dim):
+    """Without a mask the grid's last wave runs as pieces, each a share of its key blocks' steps,
+    which sum dK and dV in an fp32 workspace; the last piece to finish writes them. 36 or 72 key
+    blocks (all in the last wave) of a GQA walk over 777 odd rows, a partial last key block."""
+    from flashgen.families import hopper
+
+    q = torch.randn(2, 777, 6, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 1100, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    spec = backward.kernel_for(q.device, "bf16", head_dim, "none")
+    assert hopper.backward_grid(spec, q.shape, k.shape[1:3], 0, False).splits > 1
+    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, False)
     assert_grads_close(grads, reference, same_dtype)
 
 

@@ -40,7 +40,8 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
     fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
     workspace, D, lse * log2(e), then (deterministic) the order of dQ's adds, one int per query
-    block and consumer warpgroup."""
+    block and consumer warpgroup, or the split blocks' dK, dV and counters (BwdTraits::
+    kSplitFloats each)."""
     assert not varlen, "dispatch sends a variable-length batch's backward to another family"
     assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
     batch, seqlen_q, heads, head_dim = q.shape
@@ -49,32 +50,42 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
     consumers = backward_consumers(head_dim, spec.tile.block_n)
     turns = query_blocks * consumers if deterministic else 0
-    scratch = torch.empty(rows * (head_dim + 2) + turns, dtype=torch.float32, device=q.device)
+    split_floats = grid.split_blocks * (2 * spec.tile.block_n * head_dim + 1)
+    scratch = torch.empty(rows * (head_dim + 2) + turns + split_floats, dtype=torch.float32,
+                          device=q.device)
     address = scratch.data_ptr()
     args = params.bwd_args(
         q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
         dq_accum=address, softmax_d=address + 4 * rows * head_dim,
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
         dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
+        dkv_accum=address + 4 * rows * (head_dim + 2) if split_floats else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
-        sorted_tail_blocks=grid.sorted_tail_blocks, **mods.fields(scale), **band.fields())
+        sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
+        splits=grid.splits, **mods.fields(scale), **band.fields())
     return args, scratch
 
 
 def backward_grid(spec, q_shape, k_sizes, device_index: int,
                   deterministic: bool) -> schedule.BwdGrid:
-    """The order of the backward kernel `spec`'s grid for q of shape (batch, seqlen_q, heads,
-    head_dim) and k_sizes (seqlen_k, heads_kv). One (batch, KV head)'s key blocks run after
-    another, the longest first; under a mask that gives them unequal walks, the last (batch, KV
-    head)s interleave theirs longest first across them (schedule.sorted_tail_blocks), so that no
-    long block starts in the grid's last wave. A deterministic run keeps its own order: each
-    block waits only on blocks launched before it. No split tail: the kernel has no pieces."""
+    """The grid of the backward kernel `spec` for q of shape (batch, seqlen_q, heads, head_dim)
+    and k_sizes (seqlen_k, heads_kv), as the mma family's (schedule.py): one (batch, KV head)'s
+    key blocks after another, the longest first; under a mask that gives them unequal walks the
+    last (batch, KV head)s interleave theirs longest first across them, so that no long block
+    starts in the grid's last wave; without one, the last wave's blocks run in pieces. A
+    deterministic run keeps its own order (each block waits only on blocks launched before it)
+    and splits nothing."""
+    if deterministic:
+        return schedule.BwdGrid()
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_sizes
-    if deterministic or not spec.mask_kind.hides_keys:
-        return schedule.BwdGrid()
     sm_count, l2_bytes = launch.device_resources(device_index)
-    rows = -(-seqlen_q // spec.tile.block_m) * spec.tile.block_m
-    dq_bytes = heads // heads_kv * rows * head_dim * 4  # a (batch, KV head)'s workspace
-    return schedule.BwdGrid(schedule.sorted_tail_blocks(
-        True, -(-seqlen_k // spec.tile.block_n), batch * heads_kv, dq_bytes, sm_count, l2_bytes))
+    key_blocks = -(-seqlen_k // spec.tile.block_n)
+    query_blocks = -(-seqlen_q // spec.tile.block_m)
+    group = heads // heads_kv
+    if spec.mask_kind.hides_keys:
+        dq_bytes = group * query_blocks * spec.tile.block_m * head_dim * 4
+        return schedule.BwdGrid(schedule.sorted_tail_blocks(
+            True, key_blocks, batch * heads_kv, dq_bytes, sm_count, l2_bytes))
+    return schedule.BwdGrid(0, *schedule.split_tail(
+        False, False, key_blocks * batch * heads_kv, group * query_blocks, sm_count))

@@ -62,8 +62,9 @@ struct KeyBlockWork {
   int m_blocks;  // query blocks of a head
   Mask mask;
 
-  __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic)
-      : KeyBlockWork(p, decode(p, deterministic)) {}
+  // block: the thread block's key block in the grid without splits (grid_piece).
+  __device__ __forceinline__ KeyBlockWork(BwdParams const& p, bool deterministic, int block)
+      : KeyBlockWork(p, decode(p, deterministic, block)) {}
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, BlockWork work)
       : n_block(work.rank), head_kv(work.batch_head % p.heads_kv),
         batch(work.batch_head / p.heads_kv),
@@ -74,11 +75,11 @@ struct KeyBlockWork {
   // host sorts the grid's tail (block_order.cuh). A deterministic run adds dQ in descending
   // key-block order, so it launches the last key block first: a block only ever waits on blocks
   // launched before it.
-  static __device__ __forceinline__ BlockWork decode(BwdParams const& p, bool deterministic) {
+  static __device__ __forceinline__ BlockWork decode(BwdParams const& p, bool deterministic,
+                                                     int block) {
     const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-    const int index = int(blockIdx.x);
-    if (deterministic) return {n_blocks - 1 - index % n_blocks, index / n_blocks};
-    return block_work_sorted_tail(index, n_blocks, p.batch * p.heads_kv, p.sorted_tail_blocks);
+    if (deterministic) return {n_blocks - 1 - block % n_blocks, block / n_blocks};
+    return block_work_sorted_tail(block, n_blocks, p.batch * p.heads_kv, p.sorted_tail_blocks);
   }
   // The query blocks that see a key of the block, for each query head of the group.
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
@@ -117,6 +118,48 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
 }
 
+// The steps of its walk that a thread block runs: from step `first`, at most `count` of them (a
+// whole key block's walk, or a piece's share of a split block's, grid_piece).
+struct StepShare {
+  int first, count;
+};
+
+// A piece of split key block `split_block`, after its steps: adds this consumer's dK and dV to
+// the block's fp32 workspace (BwdParams.dkv_accum, in register order) and counts the piece done.
+// Returns true in the piece that counts last, with the block's summed dK and dV now in dk and
+// dv; the others are finished. Every consumer thread calls it.
+template <class Traits, class Acc>
+__device__ __forceinline__ bool sum_pieces(BwdParams const& p, int split_block, int pieces,
+                                           int consumer, int thread, Acc& dk, Acc& dv) {
+  constexpr int kFloats = decltype(cute::size(dk))::value;  // per thread, of dK (and of dV)
+  constexpr int kShareFloats = 128 * kFloats;                // a consumer's dK (and dV)
+  static_assert(Traits::kConsumers * 2 * kShareFloats == Traits::kSplitFloats - 1);
+  float* const sums = p.dkv_accum + int64_t(split_block) * (Traits::kSplitFloats - 1) +
+                      consumer * 2 * kShareFloats + 4 * thread;
+  int* const done =
+      reinterpret_cast<int*>(p.dkv_accum + int64_t(p.split_blocks) * (Traits::kSplitFloats - 1));
+  CUTE_UNROLL
+  for (int j = 0; j < kFloats / 4; ++j) {
+    reduce_add_f32x4(sums + 4 * 128 * j, dk(4 * j), dk(4 * j + 1), dk(4 * j + 2), dk(4 * j + 3));
+    reduce_add_f32x4(sums + kShareFloats + 4 * 128 * j, dv(4 * j), dv(4 * j + 1), dv(4 * j + 2),
+                     dv(4 * j + 3));
+  }
+  __threadfence();  // every thread's adds are visible before the count
+  named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
+  const bool counts_last = consumer == 0 && thread == 0 &&
+                           atomicAdd(done + split_block, 1) == pieces - 1;
+  if (!named_sync_or(kKeysReadBarrier, Traits::kConsumerThreads, counts_last)) return false;
+  __threadfence();  // and the other pieces' adds before the reads
+  CUTE_UNROLL
+  for (int j = 0; j < kFloats / 4; ++j) {
+    const float4 k = __ldcg(reinterpret_cast<float4 const*>(sums + 4 * 128 * j));
+    const float4 v = __ldcg(reinterpret_cast<float4 const*>(sums + kShareFloats + 4 * 128 * j));
+    dk(4 * j) = k.x, dk(4 * j + 1) = k.y, dk(4 * j + 2) = k.z, dk(4 * j + 3) = k.w;
+    dv(4 * j) = v.x, dv(4 * j + 1) = v.y, dv(4 * j + 2) = v.z, dv(4 * j + 3) = v.w;
+  }
+  return true;
+}
+
 // The dQ warp (warpgroup 0's second warp): walks the steps as the consumers do, and in each adds
 // every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
 // reduce-add per piece from its first thread, handing the buffer back after each. A
@@ -126,8 +169,8 @@ __device__ __forceinline__ void pass_turn(int* turn, int value) {
 // wait only when all their buffers are still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
-                                              Walk const& walk, float const* staging,
-                                              bool deterministic) {
+                                              Walk const& walk, StepShare share,
+                                              float const* staging, bool deterministic) {
   constexpr int kConsumers = Traits::kConsumers;
   constexpr int kBuffers = Traits::kDqBuffers;
   const bool leader = threadIdx.x % 32 == 0;
@@ -135,7 +178,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     named_arrive(kDqEmptyBarrier + i, kDqHandoffThreads);  // the buffers start empty
   }
   int step = 0;
-  for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
+  for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
        at = walk.next(work.mask, at), ++step) {
     const int buffer = step % kBuffers;
     const int64_t row = work.stats_row(p, at.head, at.m_block);
@@ -208,8 +251,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
 
   const bool deterministic = p.dq_semaphore != nullptr;
-  const KeyBlockWork<Traits, Mask> work(p, deterministic);
+  const int blocks = (p.seqlen_k + kBlockN - 1) / kBlockN * p.batch * p.heads_kv;
+  const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
+  const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
   const auto walk = work.walk(p);
+  // A piece runs its share of the steps (only grids whose walks count their steps exactly, those
+  // without a mask, are split).
+  const int steps = walk.steps_at_most();
+  const int first_step = piece.piece * steps / piece.pieces;
+  const StepShare share{first_step, (piece.piece + 1) * steps / piece.pieces - first_step};
 
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool producer_thread = threadIdx.x == 0;
@@ -246,7 +296,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (warp > 1 || !walk.has_steps()) return;
     if (warp == 1) {
       if (Traits::kDqFromRegisters && !deterministic) return;  // the consumers add
-      add_dq_shares<Traits>(p, work, walk, smem.dq, deterministic);
+      add_dq_shares<Traits>(p, work, walk, share, smem.dq, deterministic);
       return;
     }
 
@@ -284,7 +334,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                stats_stages + state.index() * kBlockM, kBlockM * 4);
       ++state;
     };
-    for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at); at = walk.next(work.mask, at)) {
+    int step = 0;
+    for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
+         at = walk.next(work.mask, at), ++step) {
       if (producer_thread) {
         auto load_q = [&] {
           load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2,
@@ -428,7 +480,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   typename PipelineDo::PipelineState do_state;
   const int key0 = work.n_block * kBlockN + key_share * 64;
   int step = 0;
-  for (BwdStep at = walk.at_step(work.mask, 0); !walk.done(at);
+  for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
        at = walk.next(work.mask, at), ++step) {
     const int head = at.head;
     const int m_block = at.m_block;
@@ -630,6 +682,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     warpgroup_fence_operand(tdKrdK);
     pipeline_q.consumer_release(q_state);
     ++q_state;
+  }
+
+  // A split block's pieces sum their dK and dV; the last to finish writes them.
+  if (piece.pieces > 1 &&
+      !sum_pieces<Traits>(p, piece.block - (blocks - p.split_blocks), piece.pieces, consumer,
+                          thread, tdKrdK, tdVrdV)) {
+    return;
   }
 
   // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows

@@ -51,13 +51,26 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
                                kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                              p.batch * p.heads_kv;
+  if (p.split_blocks < 0 || p.split_blocks > key_blocks || p.splits < 1 ||
+      (p.split_blocks > 0 && p.dq_semaphore != nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  // The last split_blocks key blocks run as `splits` pieces each (grid_piece).
+  const bool split = p.split_blocks > 0 && p.splits > 1;
+  const int64_t grid_blocks = key_blocks + (split ? int64_t(p.split_blocks) * (p.splits - 1) : 0);
   const int64_t convert_blocks = query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock;
-  for (int64_t blocks : {prepare_grid, key_blocks, convert_blocks}) {
+  for (int64_t blocks : {prepare_grid, grid_blocks, convert_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
   if (p.dq_semaphore != nullptr) {
     const size_t bytes = size_t(query_blocks) * Traits::kConsumers * sizeof(int);
     if (cudaError_t err = cudaMemsetAsync(p.dq_semaphore, 0, bytes, stream); err != cudaSuccess) {
+      return err;
+    }
+  }
+  if (split) {  // the split blocks' dK and dV, then their counters (BwdParams.dkv_accum)
+    const size_t bytes = size_t(p.split_blocks) * Traits::kSplitFloats * sizeof(float);
+    if (cudaError_t err = cudaMemsetAsync(p.dkv_accum, 0, bytes, stream); err != cudaSuccess) {
       return err;
     }
   }
@@ -67,7 +80,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  kernel<<<unsigned(key_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
+  kernel<<<unsigned(grid_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
   bwd_dq_convert_kernel<Traits><<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

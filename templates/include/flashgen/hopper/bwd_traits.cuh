@@ -215,6 +215,10 @@ struct BwdTraits {
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using PipelineDo = cutlass::PipelineTmaAsync<kDoStages>;
 
+  // A split key block's fp32 workspace (BwdParams.dkv_accum): its dK and dV, each consumer's in
+  // the order of its accumulator registers, and, after every split block's, its counter.
+  static constexpr int kSplitFloats = 2 * kBlockN * kHeadDim + 1;
+
   static constexpr uint32_t kKVBytes = kBlockN * kHeadDim * sizeof(Element);
   // A Q (or dO) stage: the tile and its rows' lse (or D).
   static constexpr uint32_t kStageBytes = kBlockM * kHeadDim * sizeof(Element) + kBlockM * 4;

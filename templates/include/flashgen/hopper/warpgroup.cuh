@@ -32,6 +32,17 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
+// named_sync that also returns whether `predicate` held in any of the threads.
+__device__ __forceinline__ bool named_sync_or(int id, int threads, bool predicate) {
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred p, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, p;\n}"
+      : "=r"(any)
+      : "r"(uint32_t(predicate)), "r"(id), "r"(threads)
+      : "memory");
+  return any != 0;
+}
 
 // A shared-memory operand's wgmma descriptors, advanced by 64-bit adds. CuTe's iterator adds to
 // the low word and copies the high one, which ptxas emits as an add and a move of the constant
