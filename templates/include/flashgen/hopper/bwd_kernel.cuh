@@ -48,11 +48,13 @@ constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ 
 constexpr int kKeysReadBarrier = 10;
 constexpr int kEpilogueBarrier = 11;
 
-// The TMA descriptors, one kernel parameter in constant space.
-template <class TmaQ, class TmaK>
+// The TMA descriptors, one kernel parameter in constant space: loads of Q, dO, K and V, stores
+// of a consumer's share of dK and dV.
+template <class TmaQ, class TmaK, class TmaKvShare>
 struct BwdTmas {
   TmaQ q, dout;
   TmaK k, v;
+  TmaKvShare dk, dv;
 };
 
 // Which key block, KV head and batch a thread block owns, and the query blocks it walks.
@@ -269,7 +271,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   PipelineDo pipeline_do = make_ring<PipelineDo, Traits>(smem.pipeline_do, warpgroup == 0,
                                                          producer_thread);
   if (producer_thread) {
-    TxBarrier::init(&smem.kv_full, 1);
+    TxBarrier::init(&smem.k_full, 1);
+    TxBarrier::init(&smem.v_full, 1);
     prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
     prefetch_tma_descriptor(tmas.dout.get_tma_descriptor());
     prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
@@ -300,19 +303,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       return;
     }
 
-    Tensor mK = tmas.k.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
-    Tensor mV = tmas.v.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
-    auto load_keys = [&](auto const& tma, auto const& m, auto& s) {
+    // K and V on barriers of their own; the one the first GEMM needs first (with the first
+    // step's first tile), the other after that tile where the traits say so.
+    auto load_keys = [&](auto const& tma, auto& s, uint64_t& barrier) {
+      TxBarrier::arrive_and_expect_tx(&barrier, Traits::kKVBytes);
+      Tensor m = tma.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
       Tensor g = local_tile(m(_, _, work.head_kv, work.batch), Shape<BN, HD>{},
                             make_coord(_, _0{}));
       auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
                                     group_modes<0, 2>(g));
-      copy(tma.with(smem.kv_full), tg(_, work.n_block), ts(_, 0));
+      copy(tma.with(barrier), tg(_, work.n_block), ts(_, 0));
+    };
+    auto load_k = [&] { load_keys(tmas.k, sK, smem.k_full); };
+    auto load_v = [&] { load_keys(tmas.v, sV, smem.v_full); };
+    auto load_second_keys = [&] {
+      if constexpr (Traits::kDoFirst) {
+        load_k();
+      } else {
+        load_v();
+      }
     };
     if (producer_thread) {
-      TxBarrier::arrive_and_expect_tx(&smem.kv_full, 2 * Traits::kKVBytes);
-      load_keys(tmas.k, mK, sK);
-      load_keys(tmas.v, mV, sV);
+      if constexpr (Traits::kDoFirst) {
+        load_v();
+      } else {
+        load_k();
+      }
+      if constexpr (!Traits::kSecondKeysLate) load_second_keys();
     }
 
     Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
@@ -348,9 +365,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         };
         if constexpr (Traits::kDoFirst) {
           load_do();
+          if (Traits::kSecondKeysLate && step == 0) load_second_keys();
           load_q();
         } else {
           load_q();
+          if (Traits::kSecondKeysLate && step == 0) load_second_keys();
           load_do();
         }
       }
@@ -475,7 +494,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   clear(tdVrdV);
   clear(tdKrdK);
-  if (walk.has_steps()) TxBarrier::wait(&smem.kv_full, 0);
+  if (walk.has_steps()) {
+    TxBarrier::wait(Traits::kDoFirst ? &smem.v_full : &smem.k_full, 0);
+    if constexpr (!Traits::kSecondKeysLate) {
+      TxBarrier::wait(Traits::kDoFirst ? &smem.k_full : &smem.v_full, 0);
+    }
+  }
   typename Pipeline::PipelineState q_state;
   typename PipelineDo::PipelineState do_state;
   const int key0 = work.n_block * kBlockN + key_share * 64;
@@ -514,6 +538,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       pipeline_do.consumer_wait(do_state);
       warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
       pipeline_q.consumer_wait(q_state);
+      if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.k_full, 0);
       warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
       read_lse();
     } else {
@@ -521,6 +546,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
       read_lse();
       pipeline_do.consumer_wait(do_state);
+      if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.v_full, 0);
       warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
     }
 
@@ -692,10 +718,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
 
   // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows
-  // of K's and V's buffers by stmatrix -> global in 16-byte pieces, a warp's 32 covering whole
-  // rows, the keys inside the sequence (the gradients' rows are 16-byte aligned: whole head dims
-  // of a fresh tensor). Stores straight from the accumulators would be 4 bytes each, rows
-  // apart, queued on the load/store unit.
+  // of K's and V's buffers by stmatrix -> global by one TMA store each (which drops the rows past
+  // the sequence), issued by the consumer's first thread, or (the traits' kStoreKvByTma unset)
+  // in 16-byte pieces, a warp's 32 covering whole rows, the keys inside the sequence (the
+  // gradients' rows are 16-byte aligned: whole head dims of a fresh tensor). Stores straight from
+  // the accumulators would be 4 bytes each, rows apart, queued on the load/store unit.
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
   Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
@@ -713,24 +740,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
   if constexpr (kSplitHeadDim) stage(tdVrdV, sV, 1.f);
   stage(tdKrdK, sK, p.softmax_scale);
-  named_sync(kEpilogueBarrier + consumer, 128);
-  auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
-                   int64_t head_stride) {
-    Tensor share = own_share(s);
-    Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
-                   work.head_kv * head_stride + Traits::kKvCols * row_share;
-    constexpr int kPiecesPerRow = Traits::kKvCols / 8;
-    CUTE_UNROLL
-    for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
-      const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
-      if (key0 + row < p.seqlen_k) {
-        *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
-            *reinterpret_cast<uint4 const*>(&share(row, col));
+  if constexpr (!Traits::kStoreKvByTma) {
+    named_sync(kEpilogueBarrier + consumer, 128);
+    auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
+                     int64_t head_stride) {
+      Tensor share = own_share(s);
+      Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
+                     work.head_kv * head_stride + Traits::kKvCols * row_share;
+      constexpr int kPiecesPerRow = Traits::kKvCols / 8;
+      CUTE_UNROLL
+      for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
+        const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
+        if (key0 + row < p.seqlen_k) {
+          *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
+              *reinterpret_cast<uint4 const*>(&share(row, col));
+        }
       }
-    }
-  };
-  store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-  store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    };
+    store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    return;
+  }
+  cutlass::arch::fence_view_async_shared();  // the stmatrix writes, seen by the TMA stores
+  named_sync(kEpilogueBarrier + consumer, 128);
+  if (thread == 0) {
+    auto store = [&](auto const& tma, auto const& s) {
+      Tensor m = tma.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
+      Tensor g = local_tile(m(_, _, work.head_kv, work.batch), Shape<_64, KvCols>{},
+                            make_coord(_, _));
+      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(own_share(s)),
+                                    group_modes<0, 2>(g));
+      copy(tma, ts, tg(_, key0 / 64, row_share));
+    };
+    store(tmas.dv, sV);
+    store(tmas.dk, sK);
+    tma_store_arrive();
+    tma_store_wait<0>();  // the buffers are read before the block exits
+  }
 }
 
 }  // namespace flashgen::hopper

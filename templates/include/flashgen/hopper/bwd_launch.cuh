@@ -32,7 +32,20 @@ auto make_bwd_tmas(const BwdParams& p) {
   auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, typename Traits::TileLayoutQ{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
   auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
-  return BwdTmas<decltype(tma_q), decltype(tma_k)>{tma_q, tma_do, tma_k, tma_v};
+  auto dk = gmem_heads<Element, kHeadDim>(p.dk, p.seqlen_k, p.heads_kv, p.batch, p.dk_row_stride,
+                                          p.dk_head_stride, p.dk_batch_stride);
+  auto dv = gmem_heads<Element, kHeadDim>(p.dv, p.seqlen_k, p.heads_kv, p.batch, p.dv_row_stride,
+                                          p.dv_head_stride, p.dv_batch_stride);
+  auto store_share = [](auto const& gradient) {
+    return make_tma_copy(SM90_TMA_STORE{}, gradient, typename Traits::TileLayoutKvShare{});
+  };
+  BwdTmas<decltype(tma_q), decltype(tma_k), decltype(store_share(dk))> tmas{
+      tma_q, tma_do, tma_k, tma_v, {}, {}};
+  if constexpr (Traits::kStoreKvByTma) {  // (else the kernel's threads store them)
+    tmas.dk = store_share(dk);
+    tmas.dv = store_share(dv);
+  }
+  return tmas;
 }
 
 // Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
