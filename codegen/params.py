@@ -158,6 +158,12 @@ BWD_FIELDS = (
     Field("dq_semaphore", "int*", "hopper family: per (batch, head, query block, consumer "
           "warpgroup) int workspace that the launcher zeroes: the key blocks then add dQ in a "
           "fixed order (deterministic). nullptr: in any order", default=0),
+    Field("dq_state", "int*", "hopper family, not deterministic: per (batch, head, query block) "
+          "int workspace that the prepare kernel zeroes: 0 while no key block has reached the "
+          "query block, 1 while the first to reach it stores its dQ shares to the workspace "
+          "(which then needs no zeroing), 2 once they are stored and the others may add. "
+          "Kernels whose consumers add dQ from registers (BwdTraits::kDqFromRegisters) ignore it",
+          default=0),
     Field("dkv_accum", "float*", "mma family: (split_blocks, 2, block_n, head_dim padded) fp32 "
           "workspace, zeroed by the launcher, where the pieces of each split key block add their "
           "dK and dV, then split_blocks int counters of the pieces that have added (the last one "

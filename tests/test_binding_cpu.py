@@ -262,7 +262,7 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         # ctypes reads a null pointer as None
         "dq_accum": None if deterministic else scratch.data_ptr(),
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
-        "softmax_lse_log2": None, "dq_semaphore": None,  # the hopper family's
+        "softmax_lse_log2": None, "dq_semaphore": None, "dq_state": None,  # the hopper family's
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND),
         **BWD_GRID._asdict(), "attn_bias_grad": None}
 
@@ -277,20 +277,23 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
     monkeypatch.setattr(hopper, "backward_grid", lambda *_: grid)
     tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
-    # lse * log2(e), then (deterministic) an int per query block and consumer warpgroup, or the
-    # split blocks' dK, dV and counter (BwdTraits::kSplitFloats each).
+    # lse * log2(e), then an int per query block and consumer warpgroup (deterministic: the order
+    # of dQ's adds) or per query block padded to 16 bytes (dQ's state), then the split blocks'
+    # dK, dV and counter (BwdTraits::kSplitFloats each).
     query_blocks = BATCH * HEADS * -(-SEQLEN_Q // block_m)
     rows = query_blocks * block_m
-    turns = query_blocks * (BLOCK_N // 64) if deterministic else 0
+    order_ints = query_blocks * (BLOCK_N // 64) if deterministic else -(-query_blocks // 4) * 4
     split_floats = grid.split_blocks * (2 * BLOCK_N * 64 + 1)
-    assert (scratch.shape, scratch.dtype) == ((rows * (64 + 2) + turns + split_floats,),
+    assert (scratch.shape, scratch.dtype) == ((rows * (64 + 2) + order_ints + split_floats,),
                                               torch.float32)
+    order = scratch.data_ptr() + 4 * rows * 66
     assert fields(params) == {
         **tensor_fields(**tensors), "softmax_lse": lse.data_ptr(),
         "dq_accum": scratch.data_ptr(), "softmax_d": scratch.data_ptr() + 4 * rows * 64,
         "softmax_lse_log2": scratch.data_ptr() + 4 * rows * 65,
-        "dq_semaphore": scratch.data_ptr() + 4 * rows * 66 if deterministic else None,
-        "dkv_accum": scratch.data_ptr() + 4 * rows * 66 if split_floats else None,
+        "dq_semaphore": order if deterministic else None,
+        "dq_state": None if deterministic else order,
+        "dkv_accum": order + 4 * order_ints if split_floats else None,
         **grid._asdict(), "attn_bias_grad": None,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
 

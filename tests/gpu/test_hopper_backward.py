@@ -1,6 +1,7 @@
 """The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever its
 head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
-that no query sees write zero gradients, long causal and GQA walks accumulate dQ right, the split of
+that no query sees write zero gradients and so do query blocks that no key block reaches (dQ's
+workspace is stored first, not zeroed), long causal and GQA walks accumulate dQ right, the split of
 head dims 192 and 256 and head dim 96's dQ over each consumer's own keys meet every score modifier,
 the window and dropout at the right positions, the pieces of split key blocks sum their dK and dV,
 and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical, including grids
@@ -70,6 +71,23 @@ def test_key_blocks_no_query_sees_get_zero_gradients(head_dim):
     assert torch.equal(dk[:, 100:], torch.zeros_like(dk[:, 100:]))
     assert torch.equal(dv[:, 100:], torch.zeros_like(dv[:, 100:]))
     assert dk[:, :100].abs().sum() > 0 and dv[:, :100].abs().sum() > 0
+
+
+@hopper_gpu
+@pytest.mark.parametrize("deterministic", [False, True], ids=["any-order", "deterministic"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 256], ids=lambda d: f"hd{d}")
+def test_query_blocks_no_key_block_reaches_get_zero_dq(head_dim, deterministic):
+    """Bottom-right causal with more queries than keys: rows 0..599 see no key, so no key block
+    reaches the first query blocks. dQ's workspace is not zeroed (the first key block to reach a
+    query block, or a deterministic run's first turn, stores its share there; head dim 256's
+    adds from registers keep a zeroed one): those rows must still come out 0 over the poisoned
+    scratch, and the rest match the reference."""
+    q = torch.randn(2, 700, 4, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 100, 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, True, deterministic)
+    assert torch.equal(grads[0][:, :600], torch.zeros_like(grads[0][:, :600]))
+    assert_grads_close(grads, reference, same_dtype)
 
 
 @hopper_gpu

@@ -39,9 +39,9 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
     fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
-    workspace, D, lse * log2(e), then (deterministic) the order of dQ's adds, one int per query
-    block and consumer warpgroup, or the split blocks' dK, dV and counters (BwdTraits::
-    kSplitFloats each)."""
+    workspace, D, lse * log2(e), then the order of dQ's adds (deterministic: one int per query
+    block and consumer warpgroup) or each query block's dQ state (padded to 16 bytes), then the
+    split blocks' dK, dV and counters (BwdTraits::kSplitFloats each)."""
     assert not varlen, "dispatch sends a variable-length batch's backward to another family"
     assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
     batch, seqlen_q, heads, head_dim = q.shape
@@ -49,17 +49,18 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     rows = query_blocks * spec.tile.block_m
     grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
     consumers = backward_consumers(head_dim, spec.tile.block_n)
-    turns = query_blocks * consumers if deterministic else 0
+    order_ints = query_blocks * consumers if deterministic else -(-query_blocks // 4) * 4
     split_floats = grid.split_blocks * (2 * spec.tile.block_n * head_dim + 1)
-    scratch = torch.empty(rows * (head_dim + 2) + turns + split_floats, dtype=torch.float32,
+    scratch = torch.empty(rows * (head_dim + 2) + order_ints + split_floats, dtype=torch.float32,
                           device=q.device)
     address = scratch.data_ptr()
+    order = address + 4 * rows * (head_dim + 2)
     args = params.bwd_args(
         q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
         dq_accum=address, softmax_d=address + 4 * rows * head_dim,
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
-        dq_semaphore=address + 4 * rows * (head_dim + 2) if deterministic else 0,
-        dkv_accum=address + 4 * rows * (head_dim + 2) if split_floats else 0,
+        dq_semaphore=order if deterministic else 0, dq_state=0 if deterministic else order,
+        dkv_accum=order + 4 * order_ints if split_floats else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
         splits=grid.splits, **mods.fields(scale), **band.fields())

@@ -3,7 +3,8 @@
 // asynchronously. Both backwards stage each step's dQ share in shared memory and add it this way:
 // atomics or vector reductions from registers hold the issuing threads until the load/store
 // unit has taken them all. Where the adds' bytes themselves limit the kernel (the hopper
-// backward split by the head dim), 16-byte reductions from registers ran faster.
+// backward split by the head dim), 16-byte reductions from registers ran faster. A span's first
+// contribution may be a plain bulk copy instead, so that the span needs no zeroing first.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,6 +31,19 @@ __device__ __forceinline__ void bulk_add_f32(float* global, const float* shared,
       : "memory");
 #else
   __trap();  // built only for sm_90 (codegen: Arch.bulk_reduce)
+#endif
+}
+
+// global[0, bytes) = shared[0, bytes), fp32: bulk_add_f32's plain copy.
+__device__ __forceinline__ void bulk_store_f32(float* global, const float* shared, int bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const auto smem = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile(
+      "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(global), "r"(smem), "r"(bytes)
+      : "memory");
+#else
+  __trap();  // built only for sm_90
 #endif
 }
 

@@ -274,19 +274,27 @@ struct BwdStep {
 // blocks from the first to the last that see a key of the block, stepping over those in between
 // without a visible score where the mask has such (kSkipsBlocks; then whole warps construct and
 // step it, as the query-side walks above ask). A mask with kPerHead has each head's own range
-// (heads that see nothing of the block are stepped over); the others share one.
+// (heads that see nothing of the block are stepped over); the others share one. Where they share
+// one without skips, a walk may start `rotation` blocks into it and wrap around (so that the key
+// blocks of a head, which a mask without hidden keys sends over the same range, each reach a
+// different query block first).
 template <int kBlockM, int kBlockN, class Mask>
 struct QueryBlockWalk {
+  static constexpr bool kRotates = !Mask::kSkipsBlocks && !Mask::kPerHead;
   int n_block, m_blocks;
   int head_first, head_end;  // query heads
   int2 blocks;               // the first and last query block of every head (not kPerHead)
+  int rotation;              // each head's first step: blocks.x + rotation (kRotates)
   BwdStep start;
 
   __device__ __forceinline__ QueryBlockWalk(Mask const& mask, int n_block, int m_blocks,
-                                            int head_first, int heads)
+                                            int head_first, int heads, int rotation = 0)
       : n_block(n_block), m_blocks(m_blocks), head_first(head_first),
-        head_end(head_first + heads), blocks(make_int2(0, -1)) {
+        head_end(head_first + heads), blocks(make_int2(0, -1)), rotation(0) {
     if constexpr (!Mask::kPerHead) blocks = visited(mask);
+    if constexpr (kRotates) {
+      if (blocks.x <= blocks.y) this->rotation = rotation % (blocks.y - blocks.x + 1);
+    }
     start = first_step(mask, head_first);
   }
   // The first and last query block that see a key of the block under `mask` (one head's).
@@ -300,7 +308,7 @@ struct QueryBlockWalk {
     for (; head < head_end; ++head) {
       int2 range = blocks;
       if constexpr (Mask::kPerHead) range = visited(mask.for_head(head));
-      if (range.x <= range.y) return {head, range.x, range.y};
+      if (range.x <= range.y) return {head, range.x + rotation, range.y};
       if constexpr (!Mask::kPerHead) break;  // every head alike: none has a step
     }
     return {head_end, 0, -1};
@@ -317,6 +325,11 @@ struct QueryBlockWalk {
   }
   __device__ __forceinline__ bool done(BwdStep at) const { return at.head >= head_end; }
   __device__ __forceinline__ BwdStep next(Mask const& mask, BwdStep at) const {
+    if constexpr (kRotates) {
+      const int m_block = at.m_block == at.last ? blocks.x : at.m_block + 1;
+      return m_block == blocks.x + rotation ? first_step(mask, at.head + 1)
+                                            : BwdStep{at.head, m_block, at.last};
+    }
     const int m_block = query_block_above<kBlockM, kBlockN>(mask.for_head(at.head), n_block,
                                                             at.m_block, at.last);
     return m_block > at.last ? first_step(mask, at.head + 1)
@@ -325,10 +338,10 @@ struct QueryBlockWalk {
   // Step `step` of the walk: closed-form where every head shares a range without skips, else
   // walked to.
   __device__ __forceinline__ BwdStep at_step(Mask const& mask, int step) const {
-    if constexpr (!Mask::kSkipsBlocks && !Mask::kPerHead) {
+    if constexpr (kRotates) {
       if (!has_steps()) return start;
       const int count = blocks.y - blocks.x + 1;
-      return {head_first + step / count, blocks.x + step % count, blocks.y};
+      return {head_first + step / count, blocks.x + (step % count + rotation) % count, blocks.y};
     } else {
       BwdStep at = start;
       for (; step > 0 && !done(at); --step) at = next(mask, at);

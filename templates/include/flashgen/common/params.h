@@ -178,6 +178,12 @@ struct BwdParams : AttentionParams {
   // launcher zeroes: the key blocks then add dQ in a fixed order (deterministic). nullptr: in any
   // order
   int* dq_semaphore;
+  // hopper family, not deterministic: per (batch, head, query block) int workspace that the prepare
+  // kernel zeroes: 0 while no key block has reached the query block, 1 while the first to reach it
+  // stores its dQ shares to the workspace (which then needs no zeroing), 2 once they are stored and
+  // the others may add. Kernels whose consumers add dQ from registers (BwdTraits::kDqFromRegisters)
+  // ignore it
+  int* dq_state;
   // mma family: (split_blocks, 2, block_n, head_dim padded) fp32 workspace, zeroed by the launcher,
   // where the pieces of each split key block add their dK and dV, then split_blocks int counters of
   // the pieces that have added (the last one writes dK and dV). Unused when split_blocks is 0
@@ -273,8 +279,8 @@ struct DecodeParams : AttentionParams {
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
-  X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dkv_accum) \
-  X(sorted_tail_blocks) X(split_blocks) X(splits) X(attn_bias_grad)
+  X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dq_state) \
+  X(dkv_accum) X(sorted_tail_blocks) X(split_blocks) X(splits) X(attn_bias_grad)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \

@@ -13,10 +13,26 @@
 
 namespace flashgen::hopper {
 
+// Whether the main kernel writes every query block's dQ workspace before adding to it: its first
+// (deterministic: its first turn's) key block stores its shares there (bwd_kernel's
+// add_dq_shares), so the prepare kernel need not zero the workspace, and the conversion writes
+// zeros for query blocks no key block reached. Not where the consumers add from registers.
+template <class Traits>
+__host__ __device__ __forceinline__ bool stores_first_dq(BwdParams const& p) {
+  return p.dq_semaphore != nullptr || (!Traits::kDqFromRegisters && p.dq_state != nullptr);
+}
+
+// Whether a key block has written query block `query_block`'s dQ workspace (stores_first_dq).
+template <class Traits>
+__device__ __forceinline__ bool dq_written(BwdParams const& p, int64_t query_block) {
+  if (p.dq_semaphore != nullptr) return p.dq_semaphore[query_block * Traits::kConsumers] > 0;
+  return p.dq_state[query_block] == 2;
+}
+
 // Per (batch, head), rows padded to whole query blocks: D (0 past the sequence) and lse * log2(e)
 // (+inf past the sequence and for rows that saw no key, so that their P is 0). Each block also
-// zeroes its rows' share of the dQ workspace: a query block's floats are contiguous, so the
-// blocks' row ranges tile the workspace.
+// zeroes its query blocks' dQ states (stores_first_dq), or else its rows' share of the dQ
+// workspace: a query block's floats are contiguous, so the blocks' row ranges tile it.
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
@@ -37,7 +53,11 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
     const int64_t at = int64_t(batch_head) * padded_rows + row;
     p.softmax_d[at] = d;
     p.softmax_lse_log2[at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+    if (stores_first_dq<Traits>(p) && p.dq_state != nullptr && row % Traits::kBlockM == 0) {
+      p.dq_state[at / Traits::kBlockM] = 0;
+    }
   }
+  if (stores_first_dq<Traits>(p)) return;
   const int rows = min(kRows, padded_rows - first_row);
   float4* dq = reinterpret_cast<float4*>(p.dq_accum +
                                          (int64_t(batch_head) * padded_rows + first_row) * kHeadDim);
@@ -86,8 +106,10 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
   const float4* in = reinterpret_cast<const float4*>(p.dq_accum) +
                      int64_t(query_block) * Traits::kDqShares * kShare4 + first_share * kShare4;
+  // (A query block no key block reached has zero gradients.)
+  const bool written = !stores_first_dq<Traits>(p) || dq_written<Traits>(p, query_block);
   for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
-    const float4 v = in[i];
+    const float4 v = written ? in[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     const int consumer = i / kShare4;  // of the block's
     const int j = i % kShare4 / 128;
     const int thread = i % 128;

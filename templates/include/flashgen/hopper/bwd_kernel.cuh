@@ -11,10 +11,11 @@
 // or, above head dim 128, the two consumers share 64 keys, each computing S^T and dP^T for half
 // the query rows and, once both have put P^T and dS^T in shared memory, dV, dK and dQ for half
 // the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
-// for warpgroup 0's second warp, which adds it to the fp32 workspace by bulk reduce-adds (a
+// for warpgroup 0's second warp, which stores it to the fp32 workspace by a bulk copy where its
+// block is the first to reach the query block and adds it by bulk reduce-adds after that (a
 // deterministic run: in each query block's turn), or, split by the head dim and without
-// determinism, adds it from registers. After the walk, dK and dV leave through K's and V's
-// buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
+// determinism, adds it from registers (to a zeroed workspace). After the walk, dK and dV leave
+// through K's and V's buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -28,6 +29,7 @@
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
+#include "flashgen/hopper/bwd_aux.cuh"
 #include "flashgen/hopper/bwd_traits.cuh"
 #include "flashgen/hopper/fragments.cuh"
 #include "flashgen/hopper/warpgroup.cuh"
@@ -83,11 +85,18 @@ struct KeyBlockWork {
     if (deterministic) return {n_blocks - 1 - block % n_blocks, block / n_blocks};
     return block_work_sorted_tail(block, n_blocks, p.batch * p.heads_kv, p.sorted_tail_blocks);
   }
-  // The query blocks that see a key of the block, for each query head of the group.
+  // The query blocks that see a key of the block, for each query head of the group. Where every
+  // key block walks every query block, each starts its own share of the way in, so that the key
+  // blocks of a head, which run together, reach each query block one after another (the first
+  // stores dQ's share, and the others need not wait for it: add_dq_shares). A deterministic run
+  // walks in order.
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
-      BwdParams const& p) const {
+      BwdParams const& p, bool deterministic) const {
     const int group = p.heads / p.heads_kv;
-    return {mask, n_block, m_blocks, head_kv * group, group};
+    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int rotation =
+        Mask::kHidesKeys || deterministic ? 0 : int(int64_t(n_block) * m_blocks / n_blocks);
+    return {mask, n_block, m_blocks, head_kv * group, group, rotation};
   }
   // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
@@ -112,12 +121,33 @@ struct KeyBlockWork {
   }
 };
 
-// Sets a deterministic run's dQ turn to `value` once this thread's bulk adds are in global
-// memory.
+__device__ __forceinline__ int load_acquire(int const* at) {
+  int seen;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(at) : "memory");
+  return seen;
+}
+
+// Sets a deterministic run's dQ turn, or a query block's dQ state, to `value` once this thread's
+// bulk copies are in global memory.
 __device__ __forceinline__ void pass_turn(int* turn, int value) {
   wait_bulk_writes();
   asm volatile("fence.proxy.async.global;" ::: "memory");
   asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
+}
+
+// Whether this block is the first to reach a query block (its dQ state 0 -> 1), which then
+// stores its dQ shares to the workspace and sets the state to 2; every other block waits for
+// that before it adds (BwdParams.dq_state). The first holds nothing another block waits on
+// meanwhile, so the wait ends.
+__device__ __forceinline__ bool first_to_reach(int* state) {
+  int seen = load_acquire(state);
+  if (seen == 0) {
+    seen = atomicCAS(state, 0, 1);
+    if (seen == 0) return true;
+  }
+  while (seen != 2) seen = load_acquire(state);
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // the stores, seen by the bulk adds
+  return false;
 }
 
 // The steps of its walk that a thread block runs: from step `first`, at most `count` of them (a
@@ -164,16 +194,19 @@ __device__ __forceinline__ bool sum_pieces(BwdParams const& p, int split_block, 
 
 // The dQ warp (warpgroup 0's second warp): walks the steps as the consumers do, and in each adds
 // every consumer's staged share of the query block's dQ to the fp32 workspace by one bulk
-// reduce-add per piece from its first thread, handing the buffer back after each. A
-// deterministic run waits for the query block's turn before a share's first piece and passes it
-// on once the share is in global memory (where the consumers' shares cover the same query block
-// over their own keys, the second adds once the first has landed, in one turn); the consumers
-// wait only when all their buffers are still queued.
+// reduce-add per piece from its first thread, handing the buffer back after each. The first
+// block to reach a query block stores its shares instead (the workspace is not zeroed first), and
+// the others add once they have landed (stores_first_dq); a deterministic run's first turn
+// stores and each turn after adds: it waits for the query block's turn before a share's first
+// piece and passes it on once the share is in global memory. Where the consumers' shares cover
+// the same query block over their own keys, the second adds once the first has landed. The
+// consumers wait only when all their buffers are still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
                                               Walk const& walk, StepShare share,
                                               float const* staging, bool deterministic) {
   constexpr int kConsumers = Traits::kConsumers;
+  const bool first_store = stores_first_dq<Traits>(p);
   constexpr int kBuffers = Traits::kDqBuffers;
   const bool leader = threadIdx.x % 32 == 0;
   for (int i = 0; i < kBuffers * kConsumers; ++i) {
@@ -191,23 +224,28 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     const int turn = deterministic && leader
                          ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
                          : 0;
+    // Whether this block's shares are the query block's first (stored, not added).
+    int* const state = first_store ? p.dq_state + row / Traits::kBlockM : nullptr;
+    const bool store =
+        leader && (deterministic ? turn == 0 : first_store && first_to_reach(state));
     constexpr int kPieceFloats = Traits::kDqPieceFloats;
     for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
       for (int c = 0; c < kConsumers; ++c) {
         named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
         if (leader) {
           if (deterministic && piece == 0 && c < kTurns) {
-            int seen;
-            do {
-              asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
-                           : "=r"(seen)
-                           : "l"(turns + c)
-                           : "memory");
-            } while (seen != turn);
+            while (load_acquire(turns + c) != turn) {
+            }
           }
-          if (deterministic && c >= kTurns) wait_bulk_writes();  // the same floats' last add
-          bulk_add_f32(dq_block + c % kTurns * Traits::kDqFloats + piece * kPieceFloats,
-                       staging + (kBuffers * c + buffer) * kPieceFloats, kPieceFloats * 4);
+          // (Where shares cover the same floats, the second adds once the first has landed.)
+          if ((deterministic || store) && c >= kTurns) wait_bulk_writes();
+          float* const to = dq_block + c % kTurns * Traits::kDqFloats + piece * kPieceFloats;
+          float const* const from = staging + (kBuffers * c + buffer) * kPieceFloats;
+          if (store && c < kTurns) {
+            bulk_store_f32(to, from, kPieceFloats * 4);
+          } else {
+            bulk_add_f32(to, from, kPieceFloats * 4);
+          }
         }
       }
       if (leader) wait_bulk_reads();
@@ -220,6 +258,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     if (deterministic && leader) {
       for (int c = 0; c < kTurns; ++c) pass_turn(turns + c, turn + 1);
     }
+    if (store && !deterministic) pass_turn(state, 2);
   }
 }
 
@@ -256,7 +295,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int blocks = (p.seqlen_k + kBlockN - 1) / kBlockN * p.batch * p.heads_kv;
   const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
   const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
-  const auto walk = work.walk(p);
+  const auto walk = work.walk(p, deterministic);
   // A piece runs its share of the steps (only grids whose walks count their steps exactly, those
   // without a mask, are split).
   const int steps = walk.steps_at_most();
