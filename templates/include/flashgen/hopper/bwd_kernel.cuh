@@ -206,7 +206,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
                                               Walk const& walk, StepShare share,
                                               float const* staging, bool deterministic) {
   constexpr int kConsumers = Traits::kConsumers;
-  const bool first_store = stores_first_dq<Traits>(p);
+  const bool first_store = !deterministic && stores_first_dq<Traits>(p);  // by dq_state
   constexpr int kBuffers = Traits::kDqBuffers;
   const bool leader = threadIdx.x % 32 == 0;
   for (int i = 0; i < kBuffers * kConsumers; ++i) {
@@ -226,8 +226,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
                          : 0;
     // Whether this block's shares are the query block's first (stored, not added).
     int* const state = first_store ? p.dq_state + row / Traits::kBlockM : nullptr;
-    const bool store =
-        leader && (deterministic ? turn == 0 : first_store && first_to_reach(state));
+    const bool store = leader && (deterministic ? turn == 0 : first_store && first_to_reach(state));
     constexpr int kPieceFloats = Traits::kDqPieceFloats;
     for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
       for (int c = 0; c < kConsumers; ++c) {
@@ -258,7 +257,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     if (deterministic && leader) {
       for (int c = 0; c < kTurns; ++c) pass_turn(turns + c, turn + 1);
     }
-    if (store && !deterministic) pass_turn(state, 2);
+    if (store && first_store) pass_turn(state, 2);
   }
 }
 
