@@ -145,13 +145,14 @@ class _NoBackward(torch.autograd.Function):
         raise NotImplementedError("no backward here")
 
 
-def cpu_time_ms(fn, inputs, warmup=5, repeats=30, reset=None):
-    """time_ms without CUDA events: runs the timed call twice, as the timing loop would."""
+def cpu_time_samples_ms(fn, inputs, warmup=5, repeats=30, reset=None):
+    """time_samples_ms without CUDA events: runs the timed call twice, as the timing loop
+    would."""
     for _ in range(2):
         if reset:
             reset(*inputs[0])
         fn(*inputs[0])
-    return 2.0
+    return [1.0, 2.0, 5.0]
 
 
 def cpu_inputs():
@@ -190,7 +191,7 @@ def raising(error):
 
 
 @pytest.mark.parametrize("impl, mode, expected", [
-    (_NoBackward.apply, "fwd", {"ms": 2.0, "tflops": 4.0}),
+    (_NoBackward.apply, "fwd", {"ms": 2.0, "tflops": 4.0}),  # the median
     (_NoBackward.apply, "bwd", {"unsupported": "no backward here"}),
     (_NoBackward.apply, "fwd_bwd", {"unsupported": "no backward here"}),
     (raising(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried 8 GiB\ndetails")), "bwd",
@@ -200,9 +201,28 @@ def raising(error):
 ])
 def test_each_implementation_and_mode_is_timed_or_recorded_as_not_run(monkeypatch, impl, mode,
                                                                       expected):
-    monkeypatch.setattr(timing, "time_ms", cpu_time_ms)
+    monkeypatch.setattr(timing, "time_samples_ms", cpu_time_samples_ms)
     monkeypatch.setattr(timing, "implementation", lambda name, causal: impl)
     assert timing.measure("flashgen", mode, False, cpu_inputs(), flops=8e9) == expected
+
+
+def test_a_cell_times_its_implementations_in_interleaved_rounds_and_pools_their_calls():
+    order = []
+    clock = iter(range(1, 100))
+
+    def calls(name, mode, warmup, repeats):
+        order.append((name, mode))
+        if name == "SLOW" and mode == "bwd":
+            return {"unsupported": "no backward"}
+        return [float(next(clock)) for _ in range(2)]
+
+    samples = timing.interleaved_samples(["flashgen", "SLOW"], ["fwd", "bwd"], calls, rounds=3)
+    a_round = [("flashgen", "fwd"), ("flashgen", "bwd"), ("SLOW", "fwd")]
+    assert order == [*a_round, ("SLOW", "bwd"), *a_round, *a_round]  # not run: not called again
+    assert samples == {("flashgen", "fwd"): [1.0, 2.0, 7.0, 8.0, 13.0, 14.0],
+                       ("flashgen", "bwd"): [3.0, 4.0, 9.0, 10.0, 15.0, 16.0],
+                       ("SLOW", "fwd"): [5.0, 6.0, 11.0, 12.0, 17.0, 18.0],
+                       ("SLOW", "bwd"): {"unsupported": "no backward"}}
 
 
 MIB = 2**20

@@ -6,7 +6,8 @@ tile choice pays: flashgen_main_tile times the main tile alone). Forward FLOPs
 are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal; the backward counts
 2.5x the forward (five matmuls to the forward's two), forward + backward 3.5x. Times are medians
 of CUDA-event-timed calls after warm-up, issued back to back (host work overlaps earlier GPU
-work, as in training), on fresh random inputs, rotating input sets when they would fit in L2.
+work, as in training), on fresh random inputs, rotating input sets when they would fit in L2; a
+cell times its implementations in interleaved rounds (timing.ROUNDS).
 Each cell is measured per mode: fwd (the forward), bwd (out.backward(dout) of a forward run
 once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
 

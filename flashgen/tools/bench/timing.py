@@ -15,12 +15,18 @@ from flashgen.tools.bench.grid import (DEFAULT_MODES, FAMILY_IMPLEMENTATIONS, IM
 
 
 def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
-    """Median of CUDA-event-timed calls, rotating through the input sets. The calls go out back
-    to back, as a training step issues them: no host synchronisation between calls, so each
-    call's host work (Python, autograd, allocation, launches) overlaps the GPU work queued before
-    it and shows in its time only where it outlasts that work (bench --overhead times the host
-    work alone). reset(*input set), if given, runs untimed before each call; it must not
-    synchronise."""
+    """Median of time_samples_ms's calls."""
+    return statistics.median(time_samples_ms(fn, inputs, warmup, repeats, reset))
+
+
+def time_samples_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30,
+                    reset=None) -> list[float]:
+    """CUDA-event times of `repeats` calls after `warmup`, rotating through the input sets. The
+    calls go out back to back, as a training step issues them: no host synchronisation between
+    calls, so each call's host work (Python, autograd, allocation, launches) overlaps the GPU
+    work queued before it and shows in its time only where it outlasts that work (bench
+    --overhead times the host work alone). reset(*input set), if given, runs untimed before each
+    call; it must not synchronise."""
     import torch
 
     events = []
@@ -35,7 +41,7 @@ def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) ->
         if i >= warmup:
             events.append((start, end))
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def timed_call(mode: str, fn, inputs: list) -> tuple:
@@ -142,14 +148,48 @@ def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
               "seqlen": seqlen, "batch": batch, "heads": heads,
               "flops": mode_flops(mode, batch, heads, seqlen, seqlen, head_dim, causal),
               "results": {}} for mode in modes]
-    for name in impls:
-        for cell in cells:
-            result = measure(name, cell["mode"], causal, inputs, cell["flops"])
+    samples = interleaved_samples(impls, modes, lambda name, mode, warmup, repeats:
+                                  timed_samples(name, mode, causal, inputs, warmup, repeats))
+    for cell in cells:
+        for name in impls:
+            result = _result(samples[name, cell["mode"]], cell["flops"])
             if name.startswith("flashgen") and cell["mode"] != "bwd" and "tflops" in result:
                 result["tile"] = forward_tile(name, inputs[0][0], causal)
             cell["results"][name] = result
-            torch.cuda.empty_cache()
     return cells
+
+
+# A cell's calls per implementation and mode: ROUNDS rounds, each implementation's modes in
+# turn within a round, each round ROUND_WARMUP untimed calls and ROUND_REPEATS timed ones. The
+# board runs at its power cap and its clock drifts over the seconds a cell takes
+# (docs/performance.md, Noise): rounds spread every implementation's calls over those seconds
+# alike, where one block each would give the first implementation the cell's first seconds.
+ROUNDS = 3
+ROUND_WARMUP = 3
+ROUND_REPEATS = 10
+
+
+def interleaved_samples(impls, modes, calls, rounds: int = ROUNDS) -> dict:
+    """{(implementation, mode): its timed calls' milliseconds over all rounds, or the result of
+    the call that did not run ({"unsupported"} or {"error"}, after which it is not called
+    again)}. calls(name, mode, warmup, repeats) times one implementation and mode (as
+    timed_samples)."""
+    import torch
+
+    samples = {(name, mode): [] for name in impls for mode in modes}
+    for _ in range(rounds):
+        for name in impls:
+            for mode in modes:
+                if isinstance(samples[name, mode], dict):
+                    continue
+                got = calls(name, mode, ROUND_WARMUP, ROUND_REPEATS)
+                if isinstance(got, dict):
+                    samples[name, mode] = got
+                else:
+                    samples[name, mode].extend(got)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    return samples
 
 
 def forward_tile(name: str, q, causal: bool) -> str:
@@ -165,16 +205,30 @@ def forward_tile(name: str, q, causal: bool) -> str:
 
 
 def measure(name: str, mode: str, causal: bool, inputs: list, flops: float) -> dict:
-    """{"ms", "tflops"} of one implementation in one mode, or why it did not run."""
+    """{"ms", "tflops"} of one implementation in one mode, timed in one block of calls, or why
+    it did not run."""
+    return _result(timed_samples(name, mode, causal, inputs, 5, 30), flops)
+
+
+def timed_samples(name: str, mode: str, causal: bool, inputs: list, warmup: int,
+                  repeats: int) -> list[float] | dict:
+    """time_samples_ms of one implementation in one mode, or why it did not run
+    ({"unsupported"} or {"error"})."""
     try:
         with backend(name):
             fn, sets, reset = timed_call(mode, implementation(name, causal), inputs)
-            ms = time_ms(fn, sets, reset=reset)
-        return {"ms": ms, "tflops": flops / ms / 1e9}
+            return time_samples_ms(fn, sets, warmup, repeats, reset)
     except NotImplementedError as e:  # a subclass of RuntimeError: caught first
         return {"unsupported": _first_line(e)}
     except RuntimeError as e:  # out of memory, or the backend has no kernel for this shape
         return {"error": _first_line(e)}
+
+
+def _result(samples: list[float] | dict, flops: float) -> dict:
+    if isinstance(samples, dict):
+        return samples
+    ms = statistics.median(samples)
+    return {"ms": ms, "tflops": flops / ms / 1e9}
 
 
 def _first_line(e: Exception) -> str:
