@@ -211,18 +211,19 @@ def test_a_cell_times_its_implementations_in_interleaved_rounds_and_pools_their_
     clock = iter(range(1, 100))
 
     def calls(name, mode, warmup, repeats):
+        assert (warmup, repeats) == (timing.ROUND_WARMUP, timing.ROUND_REPEATS)
         order.append((name, mode))
-        if name == "SLOW" and mode == "bwd":
+        if name == "NO_BWD" and mode == "bwd":
             return {"unsupported": "no backward"}
         return [float(next(clock)) for _ in range(2)]
 
-    samples = timing.interleaved_samples(["flashgen", "SLOW"], ["fwd", "bwd"], calls, rounds=3)
-    a_round = [("flashgen", "fwd"), ("flashgen", "bwd"), ("SLOW", "fwd")]
-    assert order == [*a_round, ("SLOW", "bwd"), *a_round, *a_round]  # not run: not called again
+    samples = timing.interleaved_samples(["flashgen", "NO_BWD"], ["fwd", "bwd"], calls, rounds=3)
+    a_round = [("flashgen", "fwd"), ("flashgen", "bwd"), ("NO_BWD", "fwd")]
+    assert order == [*a_round, ("NO_BWD", "bwd"), *a_round, *a_round]  # not run: not called again
     assert samples == {("flashgen", "fwd"): [1.0, 2.0, 7.0, 8.0, 13.0, 14.0],
                        ("flashgen", "bwd"): [3.0, 4.0, 9.0, 10.0, 15.0, 16.0],
-                       ("SLOW", "fwd"): [5.0, 6.0, 11.0, 12.0, 17.0, 18.0],
-                       ("SLOW", "bwd"): {"unsupported": "no backward"}}
+                       ("NO_BWD", "fwd"): [5.0, 6.0, 11.0, 12.0, 17.0, 18.0],
+                       ("NO_BWD", "bwd"): {"unsupported": "no backward"}}
 
 
 MIB = 2**20
