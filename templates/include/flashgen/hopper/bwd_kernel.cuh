@@ -656,12 +656,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
     // dS^T goes to this step's dS buffer first, then dV's GEMM issues (P^T and dS^T from
     // registers), so that the stores have landed by the proxy fence after it (issued after the
-    // GEMMs, they hold the fence). A transposed dQ share issues dV's GEMM first: dV must retire
-    // before dQ^T's GEMM issues (below), and with the stores first that wait holds the step and
-    // the dropout kernel spills more. Split by the head dim, P^T goes to this
-    // step's P buffer too, and dV's and dK's GEMMs wait for every consumer's columns. The other
-    // buffers' last readers, the previous step's GEMMs, are done in every consumer: each waited
-    // for them before writing this step's.
+    // GEMMs, they hold the fence). The dropout kernel with a transposed dQ share (kBlockM = 80)
+    // issues dV's GEMM first and lets it retire before dQ^T's issues (below): with the stores
+    // first it spills more. Split by the head dim, P^T goes to this step's P buffer too, and dV's
+    // and dK's GEMMs wait for every consumer's columns. The other buffers' last readers, the
+    // previous step's GEMMs, are done in every consumer: each waited for them before writing
+    // this step's.
     auto issue_dv = [&] {
       if constexpr (kSplitHeadDim) {
         warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer),
@@ -682,10 +682,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       issue_dv();
       if constexpr (!Traits::kDqBeforeDk) issue_dk();
     };
-    if constexpr (!kSplitHeadDim && Traits::kDqTransposed) issue_dkv();
+    constexpr bool kDvFirst = Traits::kDqTransposed && Dropout::kEnabled;
+    if constexpr (!kSplitHeadDim && kDvFirst) issue_dkv();
     copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
     if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
-    if constexpr (!kSplitHeadDim && !Traits::kDqTransposed) issue_dkv();
+    if constexpr (!kSplitHeadDim && !kDvFirst) issue_dkv();
     cutlass::arch::fence_view_async_shared();
     if constexpr (kDqOwnKeys) {
       named_sync(kOwnDsWrittenBarrier + consumer, 128);
@@ -694,10 +695,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     if constexpr (kSplitHeadDim) issue_dkv();
     if constexpr (Traits::kDqTransposed) {
-      // dV's GEMM, issued first and long done by now, retires before dQ's issues, which frees
-      // P^T: a transposed share (kBlockM = 80) beside P^T, dS^T and dK's and dV's GEMMs in
-      // flight makes the dropout kernel spill more (and ran level without dropout).
-      warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
+      // dQ^T's GEMM queues behind dV's. In the dropout kernel dV's retires first, which frees
+      // P^T: a transposed share beside P^T, dS^T and dV's GEMM in flight makes it spill more.
+      if constexpr (kDvFirst) warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
       warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
     } else {
       warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
