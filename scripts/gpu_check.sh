@@ -19,7 +19,7 @@ arch=$(python3 -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capabil
 
 # The plain kernels of every head dim, the variants (window mask, score modifiers, dropout) at
 # head dims 64 and 128, which their tests sweep, dropout's plain kernels at head dim 96, and the
-# hopper family's bf16 variants at head dims 96 (dQ over each consumer's own keys), 192 and 256
+# hopper family's bf16 variants at head dims 96 (dQ in uneven column shares), 192 and 256
 # (their backward splits the head dim): the whole default config is about half again as many
 # kernels.
 for selection in "--mask none --mask causal --score-mod none --dropout without" \

@@ -297,15 +297,18 @@ def test_hopper_backward_tiles_are_checked_before_nvcc(tmp_path, overrides, mess
         load_config(path)
 
 
-def test_hopper_backward_dq_splits_by_rows_columns_or_own_keys(tmp_path):
-    """dQ splits over the consumers by 64 query rows, by head-dim columns in whole swizzle atoms,
-    or, where columns would cut an atom (head dim 64 at block_m 64: 32 each of a 64-column
-    atom), each consumer's dQ runs over its own keys; one consumer cannot take 128 rows."""
+def test_hopper_backward_dq_splits_by_rows_or_whole_atom_columns(tmp_path):
+    """dQ splits over the consumers by 64 query rows or by head-dim columns in whole swizzle atoms,
+    the first consumer's share the larger where the atoms do not halve (head dim 96: 64 and 32 of
+    32-column atoms); head dim 64 is one atom, so its block_m 64 cannot split dQ, and one
+    consumer cannot take 128 rows."""
+    assert hopper_resources.backward_dq_share_cols(96, 64, 128) == (64, 32)
+    assert hopper_resources.backward_dq_share_cols(128, 64, 128) == (64, 64)
+    assert hopper_resources.backward_dq_share_cols(64, 128, 128) == (64, 64)  # 64 rows each
+    assert hopper_resources.backward_dq_share_cols(256, 64, 64) == (128, 128)
     table = HOPPER_BACKWARD_TABLE.replace("head_dim.128", "head_dim.64")
-    tile = load_config(write(tmp_path, table)).tiles_of("hopper", "bwd", "sm_90", 64)[0]
-    assert (tile.block_m, tile.block_n) == (64, 128)
-    assert hopper_resources.backward_dq_own_keys(64, 64, 128)
-    assert not hopper_resources.backward_dq_own_keys(128, 64, 128)
+    with pytest.raises(ConfigError, match=r"whole 64-column swizzle atoms, at least one each"):
+        load_config(write(tmp_path, table))
     path = tmp_path / "bad.toml"
     path.write_text(HOPPER_BACKWARD_TABLE.replace("block_m = 64\nblock_n = 128\nq_stages",
                                                   "block_m = 128\nblock_n = 64\nq_stages"))

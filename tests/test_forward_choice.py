@@ -137,8 +137,8 @@ def test_on_an_h100_dense_gradients_run_on_the_hopper_family_and_varlen_on_the_m
     tile = {"none": "m80n128s2d1", "causal": "m64n128s3d1"}[mask]
     assert dense.name == f"bwd_hopper_sm90_bf16_hd128_{mask}_{tile}"
     assert backward.kernel_for(DEVICE, "bf16", 128, mask, varlen=True).family == "mma"
-    # head dims 192 and 256's consumers split the head dim over 64 keys; at 96 each computes dQ
-    # over its own keys, and 80 pads to 96, the least padding; 32 has no hopper backward
+    # head dims 192 and 256's consumers split the head dim over 64 keys; at 96 their dQ shares
+    # are 64 and 32 columns, and 80 pads to 96, the least padding; 32 has no hopper backward
     for head_dim in (192, 256):
         assert backward.kernel_for(DEVICE, "bf16", head_dim, mask).name == (
             f"bwd_hopper_sm90_bf16_hd{head_dim}_{mask}_m64n64s2d1")

@@ -23,7 +23,7 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     config = load_config(paths.DEFAULT_CONFIG)
     # Causal (the masking path) at head dim 96, which pads its shared-memory rows: the most
-    # template code per kernel (the hopper backward's dQ over each consumer's own keys there);
+    # template code per kernel (the hopper backward's two dQ shapes, 64 and 32 columns, there);
     # the hopper backward's dQ split by rows at head dim 64. The softcap score modifier where a
     # template compiles once, and on one arch of the others.
     plain = {("mma", "fwd", "sm_90"), ("mma", "bwd", "sm_80")}

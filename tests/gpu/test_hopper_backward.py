@@ -2,7 +2,7 @@
 head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
 that no query sees write zero gradients and so do query blocks that no key block reaches (dQ's
 workspace is stored first, not zeroed), long causal and GQA walks accumulate dQ right, the split of
-head dims 192 and 256 and head dim 96's dQ over each consumer's own keys meet every score modifier,
+head dims 192 and 256 and head dim 96's uneven dQ column shares meet every score modifier,
 the window and dropout at the right positions, the pieces of split key blocks sum their dK and dV,
 and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical, including grids
 of more key blocks than SMs, which wait on blocks launched before them. The rest of the backward
@@ -187,7 +187,7 @@ def test_varlen_gradients_run_on_the_mma_family():
 @pytest.mark.parametrize("head_dim", [96, 192, 256])
 def test_gradients_under_modifiers_masks_and_dropout_at_other_splits(head_dim, call):
     """Above head dim 128 the two consumers share 64 keys, each with half of a step's query rows;
-    at head dim 96 each consumer computes dQ over its own 64 keys: the score modifiers, the
+    at head dim 96 the consumers' dQ shares are 64 and 32 columns: the score modifiers, the
     window and dropout's mask must see each row's own position (odd lengths, GQA, bf16)."""
     from tests.gpu.test_backward import assert_attention_matches_reference, make_qkv
     from tests.gpu.test_dropout import mask_of_next_call

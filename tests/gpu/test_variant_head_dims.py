@@ -3,7 +3,7 @@ examples at 64 and 128), runs `flashgen generate`, and the variant's forward and
 the fp32 reference on every family: a document mask and a relative-position bias in one table,
 GQA, odd lengths. Its mask_mod is written with && (the shipped snippets use &, which runs
 branch-free), so the short-circuit form stays tested too. At these head dims the hopper family
-runs the forward and the backward (at 96 each consumer warpgroup computing dQ over its own keys,
+runs the forward and the backward (at 96 the consumer warpgroups' dQ shares 64 and 32 columns,
 at 256 the two splitting the head dim)."""
 
 from __future__ import annotations

@@ -63,9 +63,15 @@ def template_context(spec) -> dict:
     """CuTe offers wgmma's n in steps of 8 only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED;
     without it a 176-key tile would run as eleven n = 16 instructions, each rereading Q from
     shared memory (the traits assert one instruction per GEMM). The backward's GEMMs have n =
-    head_dim (dK, dV) and block_m."""
-    n = spec.tile.block_n if spec.kind == "fwd" else spec.tile.block_m
-    return {"extended_wgmma_shapes": resources.needs_extended_wgmma_shapes(spec.head_dim, n)}
+    head_dim (dK, dV), block_m and dQ's shares' columns."""
+    if spec.kind == "fwd":
+        ns = (spec.tile.block_n,)
+    else:
+        tile = spec.tile
+        ns = (tile.block_m,
+              *resources.backward_dq_share_cols(spec.head_dim, tile.block_m, tile.block_n))
+    return {"extended_wgmma_shapes": any(resources.needs_extended_wgmma_shapes(spec.head_dim, n)
+                                         for n in ns)}
 
 
 FAMILY = Family(

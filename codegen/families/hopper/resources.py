@@ -98,13 +98,17 @@ def backward_atom_cols(head_dim: int) -> int:
     return next(cols for cols in (64, 32, 16, 8) if share % cols == 0)
 
 
-def backward_dq_own_keys(head_dim: int, block_m: int, block_n: int) -> bool:
-    """Whether each of two consumers computes dQ over its own 64 keys for the whole query block
-    (both adding to the same workspace, no consumer waiting for the other's dS), where splitting
-    dQ by 64 query rows does not apply and by the head dim's columns would cut a swizzle atom
-    (head dim 96 at block_m 64: 48 columns each). bwd_traits.cuh's kDqOwnKeys."""
-    return (not backward_splits_head_dim(head_dim) and block_n == 128 and block_m == 64
-            and head_dim // 2 % backward_atom_cols(head_dim) != 0)
+def backward_dq_share_cols(head_dim: int, block_m: int, block_n: int) -> tuple[int, ...]:
+    """Head-dim columns of each consumer's dQ share (bwd_traits.cuh's dq_cols): the whole head dim
+    where a share is 64 query rows (block_m = 64 x consumers) or the block has one consumer, else
+    whole swizzle atoms, the first consumer's the larger half where they do not halve (head dim
+    96: 64 and 32; head dim 64 at block_m 64 would leave the second consumer none)."""
+    consumers = backward_consumers(head_dim, block_n)
+    if consumers == 1 or block_m == 64 * consumers:
+        return (head_dim,) * consumers
+    atom = backward_atom_cols(head_dim)
+    first = (head_dim // atom + 1) // 2 * atom
+    return first, head_dim - first
 
 
 def backward_consumers(head_dim: int, block_n: int) -> int:
@@ -122,9 +126,7 @@ def backward_shared_bytes(head_dim: int, block_m: int, block_n: int, q_stages: i
              + _align(do_stages * block_m * head_dim * ELEMENT_BYTES))
     ds_buffers = 4 if backward_splits_head_dim(head_dim) else 2
     ds = _align(ds_buffers * block_m * block_n * ELEMENT_BYTES)
-    shares = backward_consumers(head_dim, block_n) if backward_dq_own_keys(
-        head_dim, block_m, block_n) else 1  # block_m x head_dim each, else between them
-    dq = shares * dq_buffers * block_m * head_dim * 4 // dq_pieces
+    dq = dq_buffers * block_m * head_dim * 4 // dq_pieces  # the shares tile the query block
     stats = (q_stages + do_stages) * block_m * 4
     barriers = 2 * 8 * (q_stages + do_stages) + 8
     return kv + rings + ds + dq + stats + barriers
@@ -151,10 +153,8 @@ def backward_accumulator_registers(head_dim: int, block_m: int, block_n: int) ->
     dQ's share (64 x half the columns) exists."""
     if backward_splits_head_dim(head_dim):
         return head_dim // 2 + max(block_m // 2 + block_m // 4, 64 * head_dim // 2 // 128)
-    consumers = block_n // 64
-    split_rows = block_m == 64 * consumers
-    own_keys = backward_dq_own_keys(head_dim, block_m, block_n)
-    dq_cols = head_dim if split_rows or own_keys else head_dim // consumers
+    split_rows = block_m == 64 * (block_n // 64)
+    dq_cols = max(backward_dq_share_cols(head_dim, block_m, block_n))
     dq = (64 if split_rows else block_m) * dq_cols // 128
     return head_dim + max(block_m, block_m // 2 + dq)
 
@@ -187,12 +187,13 @@ def backward_tile_problems(head_dim: int, block_m: int, block_n: int, q_stages: 
                         f"of 64 computes dQ transposed, 64 head-dim columns per consumer "
                         f"warpgroup, so head_dim must be {64 * consumers}")
     elif block_m % 64 == 0 and block_m != 64 * consumers and (
-            block_m != 64 or head_dim // consumers % 64) and not backward_dq_own_keys(
-            head_dim, block_m, block_n):
+            block_m != 64 or 0 in backward_dq_share_cols(head_dim, block_m, block_n)):
+        atom = backward_atom_cols(head_dim)
         problems.append(f"block_m = {block_m}, block_n = {block_n}: dQ splits over the {consumers} "
                         f"consumer warpgroup(s) by 64 query rows (block_m = {64 * consumers}) or, "
-                        f"with block_m = 64, by head-dim columns in multiples of 64 (head_dim "
-                        f"{head_dim} gives {head_dim // consumers} each)")
+                        f"with block_m = 64, by head-dim columns in whole {atom}-column swizzle "
+                        f"atoms, at least one each (head_dim {head_dim} has "
+                        f"{head_dim // atom}): use block_m = {64 * consumers}")
     smem = backward_shared_bytes(head_dim, block_m, block_n, q_stages,
                                  *backward_memory_plan(head_dim, block_m, block_n, q_stages,
                                                        smem_limit))

@@ -66,9 +66,9 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   }
 }
 
-// The workspace holds, per (batch, head, query block), kDqShares dQ shares (each consumer's, or
-// one that both add to over their own keys; kDqRows x kDqCols, or its transpose) as a consumer's
-// 128 threads' accumulator registers, 16 bytes per thread in turn
+// The workspace holds, per (batch, head, query block), kDqShares dQ shares one after the other
+// (each consumer's: kDqRows x dq_cols(c), or its transpose) as a consumer's 128 threads'
+// accumulator registers, 16 bytes per thread in turn
 // (the order of bwd_kernel's adds). One block converts one query block: float4 i of a share is
 // register group j = i / 128 of thread t = i % 128, which holds rows r and r + 8, columns c and
 // c + 1 of the accumulator (wgmma's layout: warp w, lane l hold rows 16 w + l / 4 (+ 8), group j
@@ -87,7 +87,7 @@ struct DqConvert {
   static constexpr int kShares = kPerShare ? 1 : Traits::kDqShares;  // per block
   static constexpr int kCols = kPerShare ? Traits::kDqCols : kWidth;  // per block
   static constexpr int kStride = kCols + kPad;
-  static_assert(!kPerShare || !Traits::kDqTransposed);
+  static_assert(!kPerShare || (!Traits::kDqTransposed && !Traits::kDqUneven));
   static_assert(Traits::kBlockM * kStride * 4 <= 48 * 1024, "the tile exceeds static memory");
   static constexpr int kBlocksPerQueryBlock = Traits::kDqShares / kShares;
 };
@@ -97,34 +97,35 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   using Element = typename Traits::Element;
   using Convert = DqConvert<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kShare4 = Traits::kDqFloats / 4;
-  constexpr int kBlock4 = Convert::kShares * kShare4;
+  constexpr int kBlock4 = (Convert::kPerShare ? Traits::dq_floats(0) : Traits::kDqBlockFloats) / 4;
   constexpr int kStride = Convert::kStride;
   __shared__ alignas(16) float tile[kBlockM * kStride];
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
   const int query_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
   const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
-  const float4* in = reinterpret_cast<const float4*>(p.dq_accum) +
-                     int64_t(query_block) * Traits::kDqShares * kShare4 + first_share * kShare4;
+  const float4* in = reinterpret_cast<const float4*>(
+      p.dq_accum + int64_t(query_block) * Traits::kDqBlockFloats + Traits::dq_offset(first_share));
   // (A query block no key block reached has zero gradients.)
   const bool written = !stores_first_dq<Traits>(p) || dq_written<Traits>(p, query_block);
   for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
     const float4 v = written ? in[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    const int consumer = i / kShare4;  // of the block's
-    const int j = i % kShare4 / 128;
-    const int thread = i % 128;
+    // The block's share float4 i is in, and its index k there.
+    const int share = Convert::kShares > 1 && i >= Traits::dq_floats(0) / 4 ? 1 : 0;
+    const int k = i - Traits::dq_offset(share) / 4;
+    const int j = k / 128;
+    const int thread = k % 128;
     const int lane = thread % 32;
     int row = thread / 32 * 16 + lane / 4;  // the accumulator's
     int col = 8 * j + 2 * (lane % 4);
     if constexpr (Traits::kDqTransposed) {
-      float* const at = &tile[col * kStride + Traits::kDqCols * consumer + row];
+      float* const at = &tile[col * kStride + Traits::dq_first_col(share) + row];
       at[0] = v.x;
       at[kStride] = v.y;
       at[8] = v.z;
       at[kStride + 8] = v.w;
     } else {
-      if constexpr (Traits::kDqSplitRows) row += 64 * consumer;
-      else col += Traits::kDqCols * consumer;
+      if constexpr (Traits::kDqSplitRows) row += 64 * share;
+      else col += Traits::dq_first_col(share);
       *reinterpret_cast<float2*>(&tile[row * kStride + col]) = make_float2(v.x, v.y);
       *reinterpret_cast<float2*>(&tile[(row + 8) * kStride + col]) = make_float2(v.z, v.w);
     }

@@ -6,8 +6,7 @@
 // lse) and dO (with D) by TMA through two rings. Each consumer warpgroup owns 64 of the keys:
 //   S^T = K Q^T, dP^T = V dO^T; P^T = exp2(S^T - lse), dS^T = P^T (dP^T - D);
 //   dV += P^T dO, dK += dS^T Q (P^T and dS^T straight from registers);
-//   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K (or, at head
-//   dim 96, each consumer's dQ over its own keys once it has written its own);
+//   dS^T -> shared memory; after all consumers have written theirs, dQ_share = dS K;
 // or, above head dim 128, the two consumers share 64 keys, each computing S^T and dP^T for half
 // the query rows and, once both have put P^T and dS^T in shared memory, dV, dK and dQ for half
 // the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
@@ -36,12 +35,10 @@
 
 namespace flashgen::hopper {
 
-// Named barriers (0 is __syncthreads): every consumer has written its dS^T (where each computes
-// dQ over its own keys: consumer c has, kOwnDsWrittenBarrier + c); per consumer c and staging
-// buffer b (index c x buffers + b, at most 4), the dQ share is staged (full) and the dQ warp has
-// read it (empty).
+// Named barriers (0 is __syncthreads): every consumer has written its dS^T; per consumer c and
+// staging buffer b (index c x buffers + b, at most 4), the dQ share is staged (full) and the dQ
+// warp has read it (empty).
 constexpr int kDsWrittenBarrier = 1;
-constexpr int kOwnDsWrittenBarrier = 13;
 constexpr int kDqFullBarrier = 2;
 constexpr int kDqEmptyBarrier = 6;
 constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ warp
@@ -198,9 +195,8 @@ __device__ __forceinline__ bool sum_pieces(BwdParams const& p, int split_block, 
 // block to reach a query block stores its shares instead (the workspace is not zeroed first), and
 // the others add once they have landed (stores_first_dq); a deterministic run's first turn
 // stores and each turn after adds: it waits for the query block's turn before a share's first
-// piece and passes it on once the share is in global memory. Where the consumers' shares cover
-// the same query block over their own keys, the second adds once the first has landed. The
-// consumers wait only when all their buffers are still queued.
+// piece and passes it on once the share is in global memory. The consumers wait only when all
+// their buffers are still queued.
 template <class Traits, class Work, class Walk>
 __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& work,
                                               Walk const& walk, StepShare share,
@@ -220,30 +216,28 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     float* const dq_block = p.dq_accum + row * Traits::kHeadDim;
     int* const turns =
         deterministic ? p.dq_semaphore + row / Traits::kBlockM * kConsumers : nullptr;
-    constexpr int kTurns = Traits::kDqShares;  // semaphores of the query block in use
     const int turn = deterministic && leader
                          ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
                          : 0;
     // Whether this block's shares are the query block's first (stored, not added).
     int* const state = first_store ? p.dq_state + row / Traits::kBlockM : nullptr;
     const bool store = leader && (deterministic ? turn == 0 : first_store && first_to_reach(state));
-    constexpr int kPieceFloats = Traits::kDqPieceFloats;
     for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
       for (int c = 0; c < kConsumers; ++c) {
         named_sync(kDqFullBarrier + kBuffers * c + buffer, kDqHandoffThreads);
         if (leader) {
-          if (deterministic && piece == 0 && c < kTurns) {
+          if (deterministic && piece == 0) {
             while (load_acquire(turns + c) != turn) {
             }
           }
-          // (Where shares cover the same floats, the second adds once the first has landed.)
-          if ((deterministic || store) && c >= kTurns) wait_bulk_writes();
-          float* const to = dq_block + c % kTurns * Traits::kDqFloats + piece * kPieceFloats;
-          float const* const from = staging + (kBuffers * c + buffer) * kPieceFloats;
-          if (store && c < kTurns) {
-            bulk_store_f32(to, from, kPieceFloats * 4);
+          const int piece_floats = Traits::dq_piece_floats(c);
+          float* const to = dq_block + Traits::dq_offset(c) + piece * piece_floats;
+          float const* const from =
+              staging + Traits::dq_staging_offset(c) + buffer * piece_floats;
+          if (store) {
+            bulk_store_f32(to, from, piece_floats * 4);
           } else {
-            bulk_add_f32(to, from, kPieceFloats * 4);
+            bulk_add_f32(to, from, piece_floats * 4);
           }
         }
       }
@@ -255,7 +249,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
       }
     }
     if (deterministic && leader) {
-      for (int c = 0; c < kTurns; ++c) pass_turn(turns + c, turn + 1);
+      for (int c = 0; c < kConsumers; ++c) pass_turn(turns + c, turn + 1);
     }
     if (store && first_store) pass_turn(state, 2);
   }
@@ -430,9 +424,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDkv mma_dkv;
   typename Traits::TiledMmaDq mma_dq;
+  typename Traits::TiledMmaDqSecond mma_dq_second;
   auto thr_sdp = mma_sdp.get_thread_slice(thread);
   auto thr_dkv = mma_dkv.get_thread_slice(thread);
-  auto thr_dq = mma_dq.get_thread_slice(thread);
 
   // S^T = K Q^T and dP^T = V dO^T over this consumer's keys and query rows (descriptors).
   auto own_keys = [&](auto const& s) {
@@ -501,34 +495,37 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
   // columns) times dS^T.
   using DqRows = Int<Traits::kDqRows>;
-  using DqCols = Int<Traits::kDqCols>;
-  // (Over its own keys: dS's and K^T's columns of them.)
-  using DqKeys = Int<Traits::kDqKeys>;
-  constexpr bool kDqOwnKeys = Traits::kDqOwnKeys;
-  Tensor sdSShare =
-      local_tile(sdS, Shape<DqRows, DqKeys, typename Traits::DsBuffers>{},
-                 make_coord(Traits::kDqSplitRows ? consumer : 0, kDqOwnKeys ? consumer : 0, _0{}));
-  Tensor sKtShare = local_tile(
-      sKt, Shape<DqCols, DqKeys, _1>{},
-      make_coord(Traits::kDqSplitRows || kDqOwnKeys ? 0 : consumer, kDqOwnKeys ? consumer : 0,
-                 _0{}));
-  auto dq_operands = [&] {  // (K's, dS's, the accumulator)
+  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
+                               make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
+  // (K's, dS's, the accumulator) of a share of `cols` columns from first_col (a multiple of it).
+  auto dq_operands = [&](auto const& mma, auto cols, int first_col) {
+    using Cols = decltype(cols);
+    auto thr = mma.get_thread_slice(thread);
+    Tensor sKtShare =
+        local_tile(sKt, Shape<Cols, BN, _1>{}, make_coord(first_col / Cols::value, _0{}, _0{}));
     if constexpr (Traits::kDqTransposed) {
-      return cute::make_tuple(thr_dq.partition_fragment_A(sKtShare),
-                              thr_dq.partition_fragment_B(sdSShare),
-                              partition_fragment_C(mma_dq, Shape<DqCols, DqRows>{}));
+      return cute::make_tuple(thr.partition_fragment_A(sKtShare),
+                              thr.partition_fragment_B(sdSShare),
+                              partition_fragment_C(mma, Shape<Cols, DqRows>{}));
     } else {
-      return cute::make_tuple(thr_dq.partition_fragment_B(sKtShare),
-                              thr_dq.partition_fragment_A(sdSShare),
-                              partition_fragment_C(mma_dq, Shape<DqRows, DqCols>{}));
+      return cute::make_tuple(thr.partition_fragment_B(sKtShare),
+                              thr.partition_fragment_A(sdSShare),
+                              partition_fragment_C(mma, Shape<DqRows, Cols>{}));
     }
   };
-  auto [tdQrK, tdQrdS, tdQrdQ] = dq_operands();
-  static_assert(decltype(size(tdQrdQ))::value == Traits::kDqFloats / 128);
+  // The first consumer's share (every consumer's, where the shares are alike) and, where they
+  // differ (kDqUneven), the second's, which only the second consumer computes.
+  constexpr bool kDqUneven = Traits::kDqUneven;
+  auto [tdQrK, tdQrdS, tdQrdQ] = dq_operands(mma_dq, Int<Traits::kDqCols>{},
+                                             kDqUneven ? 0 : Traits::dq_first_col(consumer));
+  auto [tdQrK2, tdQrdS2, tdQrdQ2] =
+      dq_operands(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
+                  kDqUneven ? Traits::dq_first_col(1) : 0);
+  static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
   // This consumer's staging buffers, used in turn: with two, the dQ warp reads one while the next
   // step writes the other.
+  float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
   constexpr int kDqBuffers = Traits::kDqBuffers;
-  float* const dq_staging = smem.dq + consumer * kDqBuffers * Traits::kDqPieceFloats;
 
   clear(tdVrdV);
   clear(tdKrdK);
@@ -688,17 +685,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
     if constexpr (!kSplitHeadDim && !kDvFirst) issue_dkv();
     cutlass::arch::fence_view_async_shared();
-    if constexpr (kDqOwnKeys) {
-      named_sync(kOwnDsWrittenBarrier + consumer, 128);
-    } else {
-      named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
-    }
+    named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
     if constexpr (kSplitHeadDim) issue_dkv();
     if constexpr (Traits::kDqTransposed) {
       // dQ^T's GEMM queues behind dV's. In the dropout kernel dV's retires first, which frees
       // P^T: a transposed share beside P^T, dS^T and dV's GEMM in flight makes it spill more.
       if constexpr (kDvFirst) warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
       warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
+    } else if (kDqUneven && consumer != 0) {
+      warpgroup_gemm<true>(mma_dq_second, tdQrdS2(_, _, _, ds_buffer), tdQrK2(_, _, _, 0),
+                           tdQrdQ2);
     } else {
       warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
     }
@@ -709,6 +705,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       warpgroup_wait<0>();
     }
     warpgroup_fence_operand(tdQrdQ);
+    if constexpr (kDqUneven) warpgroup_fence_operand(tdQrdQ2);
     pipeline_do.consumer_release(do_state);
     ++do_state;
 
@@ -717,30 +714,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // buffer, piece by piece, each once the dQ warp has read what the buffer held; the dQ warp
     // adds it. (Reductions from registers hold each thread at its next memory instruction until
     // the load/store unit has taken them all, which costs more where the adds are fewer.)
-    constexpr int kGroups = decltype(size(tdQrdQ))::value / 4;
     const bool dq_from_registers = Traits::kDqFromRegisters && !deterministic;
     if (dq_from_registers) {
+      constexpr int kGroups = decltype(size(tdQrdQ))::value / 4;
       float* const share = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-                           consumer % Traits::kDqShares * Traits::kDqFloats + 4 * thread;
+                           Traits::dq_offset(consumer) + 4 * thread;
       CUTE_UNROLL
       for (int j = 0; j < kGroups; ++j) {
         reduce_add_f32x4(share + 4 * 128 * j, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
                          tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
       }
     }
-    constexpr int kPieceGroups = kGroups / Traits::kDqPieces;
-    float* const dq_staged = dq_staging + dq_buffer * Traits::kDqPieceFloats;
-    CUTE_UNROLL
-    for (int piece = 0; piece < (dq_from_registers ? 0 : Traits::kDqPieces); ++piece) {
-      named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+    auto stage_share = [&](auto const& acc) {
+      constexpr int kPieceGroups = decltype(size(acc))::value / 4 / Traits::kDqPieces;
+      float* const dq_staged = dq_staging + dq_buffer * kPieceGroups * 4 * 128;
       CUTE_UNROLL
-      for (int j = 0; j < kPieceGroups; ++j) {
-        const int r = 4 * (piece * kPieceGroups + j);
-        reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
-            make_float4(tdQrdQ(r), tdQrdQ(r + 1), tdQrdQ(r + 2), tdQrdQ(r + 3));
+      for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+        named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+        CUTE_UNROLL
+        for (int j = 0; j < kPieceGroups; ++j) {
+          const int r = 4 * (piece * kPieceGroups + j);
+          reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+              make_float4(acc(r), acc(r + 1), acc(r + 2), acc(r + 3));
+        }
+        fence_for_bulk_copies();
+        named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
       }
-      fence_for_bulk_copies();
-      named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+    };
+    if (!dq_from_registers) {
+      if (kDqUneven && consumer != 0) {
+        stage_share(tdQrdQ2);
+      } else {
+        stage_share(tdQrdQ);
+      }
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(tdKrdK);

@@ -23,9 +23,8 @@ namespace flashgen::hopper {
 //   GEMMs' A operands; dQ's share is 64 query rows where kBlockM = 64 x consumers, else a share
 //   of the head dim's columns, as dQ = dS K (kBlockM = 64) or, where kBlockM is no multiple of
 //   wgmma's 64-row M, as dQ^T = K^T dS^T (the head dim's columns as M: kBlockM = 80 reads each K
-//   and V byte for 80 query rows, not 64); or, where a column share would cut a swizzle atom
-//   (head dim 96: 48 columns), each consumer's dQ over its own 64 keys, the whole query block
-//   (kDqOwnKeys: both add to the same workspace, and neither waits for the other's dS);
+//   and V byte for 80 query rows, not 64); column shares are whole swizzle atoms, the first
+//   consumer's the larger where the atoms do not halve (head dim 96: 64 and 32 columns);
 // - by the head dim (kSplitHeadDim, above 128, where one consumer's dK and dV would exceed its
 //   registers): two consumers share the block's 64 keys, each computing S^T and dP^T for half the
 //   query rows and owning half the head dim's columns of dK, dV and dQ; P^T joins dS^T in shared
@@ -56,18 +55,27 @@ struct BwdTraits {
   using Atom = decltype(smem_atom<Element, kKvCols>());
   static constexpr int kAtomCols = cute::size<1>(Atom{});
 
-  // dQ's share per consumer: kDqRows query rows x kDqCols head-dim columns over kDqKeys keys,
-  // computed transposed (kDqCols x kDqRows) where kBlockM is no multiple of 64; the workspace
-  // holds kDqShares per query block (one where each consumer adds dQ over its own keys).
+  // dQ's share per consumer c: kDqRows query rows x dq_cols(c) head-dim columns from column
+  // dq_first_col(c), over the block's keys, computed transposed (columns x rows) where kBlockM
+  // is no multiple of 64; the workspace holds the kDqShares shares of a query block one after
+  // the other (dq_offset), each in the order of its accumulator registers.
   static constexpr bool kDqSplitRows = kBlockM == 64 * kConsumers;
   static constexpr bool kDqTransposed = kBlockM % 64 != 0;
-  static constexpr bool kDqOwnKeys = !kSplitHeadDim && kConsumers == 2 && kBlockM == 64 &&
-                                     (kHeadDim / kConsumers) % kAtomCols != 0;
   static constexpr int kDqRows = kDqSplitRows ? 64 : kBlockM;
-  static constexpr int kDqCols =
-      kDqSplitRows || kDqOwnKeys ? kHeadDim : kHeadDim / kConsumers;
-  static constexpr int kDqKeys = kDqOwnKeys ? 64 : kBlockN;
-  static constexpr int kDqShares = kDqOwnKeys ? 1 : kConsumers;
+  static constexpr int kDqShares = kConsumers;
+  static constexpr int kDqAtoms = kHeadDim / kAtomCols;
+  static constexpr int dq_cols(int c) {
+    if (kDqSplitRows || kConsumers == 1) return kHeadDim;
+    const int first = (kDqAtoms + 1) / 2 * kAtomCols;
+    return c == 0 ? first : kHeadDim - first;
+  }
+  static constexpr int dq_first_col(int c) { return kDqSplitRows || c == 0 ? 0 : dq_cols(0); }
+  static constexpr int dq_floats(int c) { return kDqRows * dq_cols(c); }
+  static constexpr int dq_offset(int c) { return c == 0 ? 0 : dq_floats(0); }
+  static constexpr int kDqCols = dq_cols(0);  // the first (and widest) share's
+  static constexpr bool kDqUneven = dq_cols(0) != dq_cols(kConsumers - 1);
+  static constexpr int kDqBlockFloats = kBlockM * kHeadDim;  // every share of a query block
+  static_assert(dq_offset(kConsumers - 1) + dq_floats(kConsumers - 1) == kDqBlockFloats);
 
   static_assert(kBlockN % 64 == 0 && kConsumers >= 1 && kConsumers <= 2,
                 "block_n: 64 or 128 (one consumer warpgroup per 64 keys)");
@@ -78,11 +86,10 @@ struct BwdTraits {
   static_assert(kBlockM % 16 == 0 && kBlockM >= 64 && kBlockM <= 128,
                 "block_m: a multiple of 16 from 64 to 128");
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
-  static_assert(kDqSplitRows || kDqOwnKeys ||
-                    ((kBlockM == 64 || kDqTransposed) && kDqCols % kAtomCols == 0),
+  static_assert(kDqSplitRows || ((kBlockM == 64 || kDqTransposed) && dq_cols(1) > 0),
                 "dQ splits over the consumers by 64 query rows (block_m = 64 x consumers) or, "
                 "with block_m = 64 or no multiple of 64, by head-dim columns in whole swizzle "
-                "atoms");
+                "atoms, at least one each");
   static_assert(!kDqTransposed || kDqCols == 64,
                 "a transposed dQ share is one wgmma's 64 rows: head_dim = 64 x consumers");
   static_assert(kStages >= 1, "q_stages: at least 1");
@@ -162,21 +169,21 @@ struct BwdTraits {
                                           cute::GMMA::Major::MN>()),
       decltype(cute::GMMA::rs_op_selector<Element, Element, float, DkvShape, cute::GMMA::Major::K,
                                           cute::GMMA::Major::MN>())>{}));
-  using DqShape =
-      std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kDqCols>, BM, BN>,
-                         cute::Shape<cute::_64, cute::Int<kDqCols>, cute::Int<kDqKeys>>>;
-  using TiledMmaDq = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, DqShape, cute::GMMA::Major::MN,
+  template <int kCols>
+  using DqShape = std::conditional_t<kDqTransposed, cute::Shape<cute::Int<kCols>, BM, BN>,
+                                     cute::Shape<cute::_64, cute::Int<kCols>, BN>>;
+  template <int kCols>
+  using TiledMmaDqOf = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, DqShape<kCols>, cute::GMMA::Major::MN,
                                  kDqTransposed ? cute::GMMA::Major::K : cute::GMMA::Major::MN>()));
+  // The first consumer's share, and the second's where they differ (kDqUneven).
+  using TiledMmaDq = TiledMmaDqOf<dq_cols(0)>;
+  using TiledMmaDqSecond = TiledMmaDqOf<dq_cols(kConsumers - 1)>;
   static_assert(cute::size<1>(typename TiledMmaDkv::Shape_MNK{}) == kKvCols,
                 "dK and dV would split into narrower wgmmas: define "
                 "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
 
   using PipelineQ = cutlass::PipelineTmaAsync<kStages>;
-
-  // dQ's fp32 share of one query block, per consumer, in the order of its accumulator registers
-  // (bwd_aux.cuh reads the workspace in this order).
-  static constexpr int kDqFloats = kDqRows * kDqCols;
 
   // Split by the head dim, a 64-key block adds 64 rows x the whole head dim of dQ per step,
   // twice the bytes per FLOP of the 128-key blocks, and those adds limit the kernel: a run that
@@ -194,7 +201,7 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, kDoStages * kBlockM * kHeadDim> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    alignas(128) float dq[kConsumers * kDqBuffers * kDqFloats / kDqPieces];
+    alignas(128) float dq[kDqBuffers * kDqBlockFloats / kDqPieces];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
     alignas(16) float d[kDoStages * kBlockM];       // each dO stage's rows' rowsum(dO * O)
     typename PipelineQ::SharedStorage pipeline_q;
@@ -213,7 +220,9 @@ struct BwdTraits {
   static constexpr int kDqBuffers = fits<kStages, 2, 1>() ? 2 : 1;
   static constexpr int kDoStages = fits<kStages, kDqBuffers, 1>() ? kStages : 1;
   static constexpr int kDqPieces = fits<kDoStages, kDqBuffers, 1>() ? 1 : 2;
-  static constexpr int kDqPieceFloats = kDqFloats / kDqPieces;
+  // Consumer c's staging buffers (kDqBuffers of one piece each) start at dq_staging_offset(c).
+  static constexpr int dq_piece_floats(int c) { return dq_floats(c) / kDqPieces; }
+  static constexpr int dq_staging_offset(int c) { return kDqBuffers * dq_offset(c) / kDqPieces; }
   using SharedStorage = Storage<kDoStages, kDqBuffers, kDqPieces>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "tile needs more than the 227 KB of shared memory");
