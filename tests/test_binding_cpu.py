@@ -263,6 +263,7 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "dq_accum": None if deterministic else scratch.data_ptr(),
         "dkv_accum": scratch.data_ptr() + 4 * dq_floats,
         "softmax_lse_log2": None, "dq_semaphore": None, "dq_state": None,  # the hopper family's
+        "deterministic_rotation": 0,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND),
         **BWD_GRID._asdict(), "attn_bias_grad": None}
 
@@ -275,6 +276,9 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
     # (a deterministic grid is never split)
     grid = schedule.BwdGrid() if deterministic else BWD_GRID
     monkeypatch.setattr(hopper, "backward_grid", lambda *_: grid)
+    # an H100's 132 SMs: a head's key blocks are few beside them, so a deterministic run without
+    # a mask walks rotated, its dQ turns in the order the key blocks arrive
+    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
     tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
     # lse * log2(e), then an int per query block and consumer warpgroup (deterministic: the order
@@ -294,8 +298,22 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
         "dq_semaphore": order if deterministic else None,
         "dq_state": None if deterministic else order,
         "dkv_accum": order + 4 * order_ints if split_floats else None,
+        "deterministic_rotation": int(deterministic),
         **grid._asdict(), "attn_bias_grad": None,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
+
+
+def test_hopper_deterministic_walks_rotate_where_heads_of_key_blocks_share_a_wave(monkeypatch):
+    """Without a mask a deterministic run's key blocks walk rotated, each query block's dQ turns
+    in the order they arrive, only where a head's key blocks fill at most a quarter of the SMs
+    (a block may then wait on any block of its head, and a head that starts late in a wave holds
+    few SMs waiting); under a mask, or with more, they walk in order."""
+    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
+    none, causal = (SimpleNamespace(mask_kind=MASKS[mask], tile=SimpleNamespace(block_n=128))
+                    for mask in ("none", "causal"))
+    assert hopper.deterministic_rotation(none, 33 * 128, 0) == 1
+    assert hopper.deterministic_rotation(none, 33 * 128 + 1, 0) == 0
+    assert hopper.deterministic_rotation(causal, 1024, 0) == 0
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["dense", "paged"])

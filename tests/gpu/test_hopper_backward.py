@@ -143,13 +143,35 @@ def test_deterministic_gqa_is_bit_identical(head_dim, causal):
 
 
 @hopper_gpu
-def test_deterministic_grid_of_more_key_blocks_than_sms():
-    """4 heads x 128 key blocks of 16k keys (4 blocks per SM): blocks wait on the key blocks
-    after theirs, which launch first, so the run ends (a wrong order would hang) and matches the
-    reference."""
-    q, k, v = (torch.randn(1, 16384, 4, 128, device="cuda", dtype=torch.bfloat16)
+def test_deterministic_rotated_walks_across_waves_are_bit_identical():
+    """Without a mask, 33 key blocks per head (a quarter of an H100's SMs, the most that walk
+    rotated) over 16 (batch, KV head)s, more blocks than SMs: heads start in one wave and end in
+    the next, their blocks taking dQ turns in the order they reach each query block; the result
+    matches the reference and repeats bit for bit."""
+    q, k, v = (torch.randn(2, 33 * 128, 8, 128, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
-    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, True, deterministic=True)
+    torch.manual_seed(2)
+    first, reference, same_dtype, dout = grads_and_reference(q, k, v, False, deterministic=True)
+    assert_grads_close(first, reference, same_dtype)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    for run in range(2):
+        out = flash_attn_func(*leaves, deterministic=True)
+        again = torch.autograd.grad(out, leaves, dout)
+        for name, grad, was in zip(("dq", "dk", "dv"), again, first):
+            assert torch.equal(grad, was), f"{name} differs in run {run}"
+
+
+@hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic_grid_of_more_key_blocks_than_sms(causal):
+    """4 heads x 133 key blocks of 17000 keys, more per head than an H100 has SMs, so a head's
+    blocks cannot all run at once: they walk in order and wait only on the key blocks after
+    theirs, which launch first (without a mask too, where fewer blocks would walk rotated and
+    take turns as they arrive), so the run ends (a wrong order would hang) and matches the
+    reference."""
+    q, k, v = (torch.randn(1, 17000, 4, 128, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    grads, reference, same_dtype, _ = grads_and_reference(q, k, v, causal, deterministic=True)
     assert_grads_close(grads, reference, same_dtype)
 
 

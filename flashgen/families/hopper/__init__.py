@@ -63,8 +63,32 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
         dkv_accum=order + 4 * order_ints if split_floats else 0,
         batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
-        splits=grid.splits, **mods.fields(scale), **band.fields())
+        splits=grid.splits,
+        deterministic_rotation=(deterministic_rotation(spec, k.shape[1], q.get_device())
+                                if deterministic else 0),
+        **mods.fields(scale), **band.fields())
     return args, scratch
+
+
+# A deterministic run's key blocks walk rotated where a (batch, KV head)'s are at most the SMs
+# over this. Measured on the H100 against walks in order (bf16, every hopper head dim): +6-17% at
+# 16-32 key blocks a head (2k), level to +6% at 64 (8k), 2-9% slower at 128, where the next head's
+# first blocks, launched into the wave's last SMs, wait for blocks of their head not yet running.
+DETERMINISTIC_ROTATION_HEADS_PER_WAVE = 4
+
+
+def deterministic_rotation(spec, seqlen_k: int, device_index: int) -> int:
+    """BwdParams.deterministic_rotation: 1 without a mask where a (batch, KV head)'s key blocks
+    fill at most 1 / DETERMINISTIC_ROTATION_HEADS_PER_WAVE of the SMs. Its key blocks' walks
+    then start their own share of the way in and each query block's turns follow the order they
+    reach it, so a block may wait on any block of its head (the grid runs one head's key blocks
+    after another, so those of a head no wider than the GPU all run at once: no hang). Else the
+    key blocks walk in order, each query block's turns descend, and the grid launches each
+    head's last key block first, so a block only ever waits on blocks launched before it."""
+    sm_count, _ = launch.device_resources(device_index)
+    key_blocks = -(-seqlen_k // spec.tile.block_n)
+    return int(not spec.mask_kind.hides_keys
+               and key_blocks * DETERMINISTIC_ROTATION_HEADS_PER_WAVE <= sm_count)
 
 
 def backward_grid(spec, q_shape, k_sizes, device_index: int,
@@ -74,8 +98,7 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     key blocks after another, the longest first; under a mask that gives them unequal walks the
     last (batch, KV head)s interleave theirs longest first across them, so that no long block
     starts in the grid's last wave; without one, the last wave's blocks run in pieces. A
-    deterministic run keeps its own order (each block waits only on blocks launched before it)
-    and splits nothing."""
+    deterministic run keeps its own order (deterministic_rotation) and splits nothing."""
     if deterministic:
         return schedule.BwdGrid()
     batch, seqlen_q, heads, head_dim = q_shape

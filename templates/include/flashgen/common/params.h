@@ -191,6 +191,12 @@ struct BwdParams : AttentionParams {
   // the backward grid's order (block_work_sorted_tail, flashgen/schedule.py); the hopper family's
   // deterministic runs keep their own
   int sorted_tail_blocks;
+  // hopper family, deterministic, without a mask: 1 where a (batch, KV head)'s key blocks fit the
+  // GPU at once (no more of them than SMs), so that each starts its walk its own share of the way
+  // in, as without determinism, and a query block's dQ turns follow the order the key blocks reach
+  // it; 0: the key blocks walk in order and the turns descend (each waits only on blocks launched
+  // before it)
+  int deterministic_rotation;
   // mma family: the dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each a
   // share of the block's steps (grid_piece). Not on the deterministic path
   int split_blocks;
@@ -280,7 +286,8 @@ struct DecodeParams : AttentionParams {
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
   X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dq_state) \
-  X(dkv_accum) X(sorted_tail_blocks) X(split_blocks) X(splits) X(attn_bias_grad)
+  X(dkv_accum) X(sorted_tail_blocks) X(deterministic_rotation) X(split_blocks) X(splits) \
+  X(attn_bias_grad)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \

@@ -86,24 +86,40 @@ struct KeyBlockWork {
   // key block walks every query block, each starts its own share of the way in, so that the key
   // blocks of a head, which run together, reach each query block one after another (the first
   // stores dQ's share, and the others need not wait for it: add_dq_shares). A deterministic run
-  // walks in order.
+  // does so where a head's key blocks are few beside the SMs (BwdParams.deterministic_rotation:
+  // its turns then follow that order, dq_turn), else walks in order.
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
       BwdParams const& p, bool deterministic) const {
     const int group = p.heads / p.heads_kv;
     const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-    const int rotation =
-        Mask::kHidesKeys || deterministic ? 0 : int(int64_t(n_block) * m_blocks / n_blocks);
+    const bool rotates = !Mask::kHidesKeys && (!deterministic || p.deterministic_rotation);
+    const int rotation = rotates ? first_query_block(n_block, n_blocks) : 0;
     return {mask, n_block, m_blocks, head_kv * group, group, rotation};
+  }
+  // Where key block n of a head's n_blocks starts its walk: its share of the way in.
+  __device__ __forceinline__ int first_query_block(int n, int n_blocks) const {
+    return int(int64_t(n) * m_blocks / n_blocks);
   }
   // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
     return ((int64_t(batch) * p.heads + head) * m_blocks + m_block) * Traits::kBlockM;
   }
-  // A deterministic run's order of dQ adds to a query block: descending key blocks, from the last
-  // one that the block's rows (padded to the whole block) see. Where the mask skips blocks, the
-  // turns count only the key blocks that visit it (the others add nothing, and never run).
-  // head_mask: the mask's view for the query block's head.
-  __device__ __forceinline__ int dq_turn(Mask const& head_mask, int m_block) const {
+  // A deterministic run's order of dQ adds to a query block. Where the key blocks start their
+  // walks their own share of the way in (deterministic_rotation), the order they reach it in:
+  // from the last one that starts at or before it, down to key block 0, then down from the last
+  // key block, so that in a head's lockstep each adds as it arrives. Else descending key blocks,
+  // from the last one that the block's rows (padded to the whole block) see; where the mask skips
+  // blocks, the turns count only the key blocks that visit it (the others add nothing, and never
+  // run). head_mask: the mask's view for the query block's head.
+  __device__ __forceinline__ int dq_turn(BwdParams const& p, Mask const& head_mask,
+                                         int m_block) const {
+    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    if (!Mask::kHidesKeys && p.deterministic_rotation) {
+      // The last key block whose first query block is at most m_block.
+      const int last_started =
+          min(n_blocks - 1, int((int64_t(m_block + 1) * n_blocks - 1) / m_blocks));
+      return (last_started - n_block + n_blocks) % n_blocks;
+    }
     const int end =
         head_mask.template key_block_end<Traits::kBlockN>((m_block + 1) * Traits::kBlockM - 1);
     if constexpr (Mask::kSkipsBlocks) {
@@ -217,7 +233,7 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
     int* const turns =
         deterministic ? p.dq_semaphore + row / Traits::kBlockM * kConsumers : nullptr;
     const int turn = deterministic && leader
-                         ? work.dq_turn(work.mask.for_head(at.head), at.m_block)
+                         ? work.dq_turn(p, work.mask.for_head(at.head), at.m_block)
                          : 0;
     // Whether this block's shares are the query block's first (stored, not added).
     int* const state = first_store ? p.dq_state + row / Traits::kBlockM : nullptr;
