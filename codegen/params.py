@@ -172,9 +172,10 @@ BWD_FIELDS = (
           "flashgen/schedule.py); the hopper family's deterministic runs keep their own",
           default=0),
     Field("deterministic_rotation", "int", "hopper family, deterministic, without a mask: 1 "
-          "where a (batch, KV head)'s key blocks fit the GPU at once (no more of them than SMs), "
-          "so that each starts its walk its own share of the way in, as without determinism, "
-          "and a query block's dQ turns follow the order the key blocks reach it; 0: the key "
+          "where a (batch, KV head)'s key blocks fill at most a quarter of the SMs (all run at "
+          "once), so that each starts its walk its own share of the way in, as without "
+          "determinism, and a query block's dQ turns follow the order the key blocks reach it; "
+          "0: the key "
           "blocks walk in order and the turns descend (each waits only on blocks launched "
           "before it)", default=0),
     Field("split_blocks", "int", "mma family: the dK/dV grid's last split_blocks key blocks run "

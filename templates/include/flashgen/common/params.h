@@ -191,11 +191,11 @@ struct BwdParams : AttentionParams {
   // the backward grid's order (block_work_sorted_tail, flashgen/schedule.py); the hopper family's
   // deterministic runs keep their own
   int sorted_tail_blocks;
-  // hopper family, deterministic, without a mask: 1 where a (batch, KV head)'s key blocks fit the
-  // GPU at once (no more of them than SMs), so that each starts its walk its own share of the way
-  // in, as without determinism, and a query block's dQ turns follow the order the key blocks reach
-  // it; 0: the key blocks walk in order and the turns descend (each waits only on blocks launched
-  // before it)
+  // hopper family, deterministic, without a mask: 1 where a (batch, KV head)'s key blocks fill at
+  // most a quarter of the SMs (all run at once), so that each starts its walk its own share of the
+  // way in, as without determinism, and a query block's dQ turns follow the order the key blocks
+  // reach it; 0: the key blocks walk in order and the turns descend (each waits only on blocks
+  // launched before it)
   int deterministic_rotation;
   // mma family: the dK/dV grid's last split_blocks key blocks run as `splits` pieces each, each a
   // share of the block's steps (grid_piece). Not on the deterministic path
