@@ -265,7 +265,11 @@ def test_backward_launch_fills_every_field(binding, monkeypatch, deterministic):
         "softmax_lse_log2": None, "dq_semaphore": None, "dq_state": None,  # the hopper family's
         "deterministic_rotation": 0,
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND),
-        **BWD_GRID._asdict(), "attn_bias_grad": None}
+        **BWD_GRID._asdict(), "attn_bias_grad": None, **DENSE_VIEWS}
+
+
+# BwdParams' packed-view rows for a dense batch (the hopper family's TMA bounds).
+DENSE_VIEWS = {"q_view_rows": 0, "kv_view_rows": 0}
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -300,7 +304,45 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
         "dkv_accum": order + 4 * order_ints if split_floats else None,
         "deterministic_rotation": int(deterministic),
         **grid._asdict(), "attn_bias_grad": None,
-        **problem_fields(tensors["q"], tensors["k"], 0.125, BAND)}
+        **problem_fields(tensors["q"], tensors["k"], 0.125, BAND), **DENSE_VIEWS}
+
+
+@pytest.mark.parametrize("mask", ["none", "causal"])
+def test_hopper_backward_launch_lays_a_packed_batch_out_as_its_longest_lengths(
+        binding, monkeypatch, mask):
+    """A variable-length batch: the grid and the workspaces of a dense batch of its longest
+    lengths, the packed views' rows bounding the TMA descriptors, each sequence's offsets from
+    cu_seqlens."""
+    block_m = 64
+    launcher = RecordingLauncher(BwdParams, family="hopper", mask=mask,
+                                 tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
+    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
+    lengths_q, lengths_k = [70, 0, 300], [9, 130, 500]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (lengths_q, lengths_k))
+    q_shape, kv_shape = (1, sum(lengths_q), HEADS, 64), (1, sum(lengths_k), HEADS_KV, 64)
+    shapes = [q_shape, kv_shape, kv_shape, q_shape, q_shape, q_shape, kv_shape, kv_shape]
+    q, k, v, o, do, dq, dk, dv = distinct_strides(*shapes)
+    lse = torch.empty(HEADS, sum(lengths_q))
+    workspaces = record_empty(monkeypatch)
+    backward.run(launcher, q, k, v, o, do, lse, dq, dk, dv, 0.125, BAND, False,
+                 (cu_q, cu_k, 300 + 5, 500))
+    ((params, _),) = launcher.launches
+    (scratch,) = workspaces
+    got = fields(params)
+    assert {name: got[name] for name in ("batch", "seqlen_q", "seqlen_k", "q_view_rows",
+                                         "kv_view_rows", "cu_seqlens_q", "cu_seqlens_k")} == {
+        "batch": 3, "seqlen_q": 305, "seqlen_k": 500, "q_view_rows": sum(lengths_q),
+        "kv_view_rows": sum(lengths_k), "cu_seqlens_q": cu_q.data_ptr(),
+        "cu_seqlens_k": cu_k.data_ptr()}
+    grid = hopper.backward_grid(launcher.spec, (3, 305, HEADS, 64), (500, HEADS_KV), 0, False)
+    assert {name: got[name] for name in grid._fields} == grid._asdict()
+    # (without a mask 24 key blocks, all in the last wave, run in pieces)
+    assert (grid.splits > 1) == (mask == "none")
+    query_blocks = 3 * HEADS * -(-305 // block_m)
+    split_floats = grid.split_blocks * (2 * BLOCK_N * 64 + 1)
+    assert scratch.numel() == (query_blocks * block_m * (64 + 2) + -(-query_blocks // 4) * 4
+                               + split_floats)
 
 
 def test_hopper_deterministic_walks_rotate_where_heads_of_key_blocks_share_a_wave(monkeypatch):

@@ -1,7 +1,8 @@
 """The hopper family's backward on the GPU: dispatch runs it on compute capability 9.0 wherever its
-head dim has a backward table (a variable-length batch's gradients go to the mma family), key blocks
-that no query sees write zero gradients and so do query blocks that no key block reaches (dQ's
-workspace is stored first, not zeroed), long causal and GQA walks accumulate dQ right, the split of
+head dim has a backward table (variable-length batches too, each sequence's gradients its own),
+key blocks that no query sees write zero gradients and so do query blocks that no key block
+reaches (dQ's workspace is stored first, not zeroed), long causal and GQA walks accumulate dQ
+right, the split of
 head dims 192 and 256 and head dim 96's uneven dQ column shares meet every score modifier,
 the window and dropout at the right positions, the pieces of split key blocks sum their dK and dV,
 and deterministic runs (dQ added in a fixed order, by semaphores) are bit-identical, including grids
@@ -53,7 +54,7 @@ def test_dispatch_runs_the_hopper_backward_on_compute_capability_9_0(head_dim, m
     spec = backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim, mask)
     assert spec.family == (os.environ.get("FLASHGEN_FAMILY") or "hopper")
     varlen = backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim, mask, varlen=True)
-    assert varlen.family == "mma"
+    assert varlen == spec
 
 
 @hopper_gpu
@@ -175,27 +176,92 @@ def test_deterministic_grid_of_more_key_blocks_than_sms(causal):
     assert_grads_close(grads, reference, same_dtype)
 
 
-@hopper_gpu
-def test_varlen_gradients_run_on_the_mma_family():
-    """The hopper backward takes dense batches; a packed batch's gradients are still right."""
-    lengths = [300, 17, 1000]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
-                      dtype=torch.int32)
-    q, k, v = (torch.randn(sum(lengths), 4, 128, device="cuda", dtype=torch.bfloat16,
-                           requires_grad=True) for _ in range(3))
-    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=True)
+def varlen_grads(lengths_q, lengths_k, heads, head_dim, causal, deterministic=False):
+    """A packed batch's (q, k, v), cu_seqlens, dout and flashgen's gradients."""
+    def packed(lengths, h):
+        return torch.randn(sum(lengths), h, head_dim, device="cuda", dtype=torch.bfloat16)
+
+    def cu(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
+                            dtype=torch.int32)
+
+    q, k, v = (packed(lengths_q, heads[0]), packed(lengths_k, heads[1]),
+               packed(lengths_k, heads[1]))
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    # max_seqlen_q above the longest: allowed, the layout's query blocks go unused
+    out = flash_attn_varlen_func(*leaves, cu(lengths_q), cu(lengths_k), max(lengths_q) + 70,
+                                 max(lengths_k), causal=causal, deterministic=deterministic)
     dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), dout)
-    for i, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
-        pieces = [t.detach()[start:end].unsqueeze(0) for t in (q, k, v)]
+    return (q, k, v), (cu(lengths_q), cu(lengths_k)), dout, torch.autograd.grad(out, leaves, dout)
+
+
+# Sequence lengths (queries, keys): every sequence's keys end inside a key block, whose dK and dV
+# must not run into the next sequence's rows; one sequence has keys and no queries (zero dK and
+# dV), one queries and no keys (zero dQ); one walks more query blocks than the others' lengths.
+VARLEN_LENGTHS = ([300, 0, 1000, 77, 5], [300, 45, 1000, 130, 0])
+
+
+def assert_varlen_grads_match_each_sequence(lengths_q, lengths_k, heads, head_dim, causal):
+    """flashgen's gradients of a packed batch against the fp32 reference run per sequence."""
+    (q, k, v), (cu_q, cu_k), dout, grads = varlen_grads(lengths_q, lengths_k, heads, head_dim,
+                                                        causal)
+    bounds_q, bounds_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(lengths_q)):
+        rows_q = slice(bounds_q[i], bounds_q[i + 1])
+        rows_k = slice(bounds_k[i], bounds_k[i + 1])
+        dq, dk, dv = (grad[rows] for grad, rows in zip(grads, (rows_q, rows_k, rows_k)))
+        if lengths_q[i] == 0 or lengths_k[i] == 0:  # nothing flows back
+            for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
+                assert torch.equal(grad, torch.zeros_like(grad)), f"{name} of sequence {i}"
+            continue
         expected = []
         for upcast in (True, False):
-            leaves = [p.clone().requires_grad_() for p in pieces]
-            ref, _ = attention_ref(*leaves, causal=True, upcast=upcast)
-            expected.append(torch.autograd.grad(ref, leaves, dout[start:end].unsqueeze(0)))
-        for name, grad, ref, pt in zip(("dq", "dk", "dv"), grads, *expected):
-            assert_close_fa2(grad[start:end].unsqueeze(0), ref, pt, f"{name} of sequence {i}",
-                             eps=GRADIENT_EPS)
+            leaves = [t.detach()[None].clone().requires_grad_()
+                      for t in (q[rows_q], k[rows_k], v[rows_k])]
+            ref, _ = attention_ref(*leaves, causal=causal, upcast=upcast)
+            expected.append(torch.autograd.grad(ref, leaves, dout[rows_q][None]))
+        for name, grad, ref, pt in zip(("dq", "dk", "dv"), (dq, dk, dv), *expected):
+            assert_close_fa2(grad[None], ref, pt, f"{name} of sequence {i}", eps=GRADIENT_EPS)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_varlen_gradients_match_each_sequence_alone(head_dim, causal):
+    """The hopper backward on a packed batch (GQA), against the fp32 reference per sequence."""
+    assert backward.kernel_for(torch.device("cuda", 0), "bf16", head_dim,
+                               "causal" if causal else "none", varlen=True).family == (
+        os.environ.get("FLASHGEN_FAMILY") or "hopper")
+    assert_varlen_grads_match_each_sequence(*VARLEN_LENGTHS, (8, 2), head_dim, causal)
+
+
+@hopper_gpu
+def test_varlen_split_key_blocks_sum_their_pieces():
+    """A packed batch's grid is split as a dense batch of its longest lengths: 3 x 4 x 16 key
+    blocks, the last wave's 60 in pieces, most of them the short last sequence's, whose pieces
+    (a share of its own walk of one step) mostly have no step, and blocks past its keys."""
+    from flashgen.families import hopper
+
+    lengths = [2048, 1000, 37]
+    spec = backward.kernel_for(torch.device("cuda", 0), "bf16", 128, "none", varlen=True)
+    # (varlen_grads passes max_seqlen_q = 2048 + 70)
+    grid = hopper.backward_grid(spec, (3, 2048 + 70, 4, 128), (2048, 4), 0, False)
+    assert grid.split_blocks == 3 * 4 * 16 % 132 and grid.splits > 1
+    assert_varlen_grads_match_each_sequence(lengths, lengths, (4, 4), 128, False)
+
+
+@hopper_gpu
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_varlen_deterministic_gqa_is_bit_identical(head_dim):
+    """A packed batch's deterministic turns count its own sequence's key blocks."""
+    lengths = ([4000, 129, 2500], [4000, 700, 2600])
+    torch.manual_seed(0)
+    _, _, _, first = varlen_grads(*lengths, (8, 2), head_dim, True, deterministic=True)
+    for _ in range(2):
+        torch.manual_seed(0)
+        _, _, _, again = varlen_grads(*lengths, (8, 2), head_dim, True, deterministic=True)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
 
 
 @hopper_gpu

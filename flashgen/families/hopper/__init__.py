@@ -37,17 +37,21 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
                   deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
                   bias_grad=None):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
-    seq, heads, dim) views (a dense batch: the family declares no varlen backward). The kernels'
-    fp32 scratch in one allocation, rows padded to whole query blocks per (batch, head): the dQ
-    workspace, D, lse * log2(e), then the order of dQ's adds (deterministic: one int per query
-    block and consumer warpgroup) or each query block's dQ state (padded to 16 bytes), then the
-    split blocks' dK, dV and counters (BwdTraits::kSplitFloats each)."""
-    assert not varlen, "dispatch sends a variable-length batch's backward to another family"
+    seq, heads, dim) views. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of
+    a variable-length batch packed into (1, total, heads, dim) views, which the kernels lay out
+    as a dense batch of the longest lengths (ordered and split as one; blocks past a shorter
+    sequence exit; the mma family's workspace is as large). The kernels' fp32 scratch in one allocation, rows padded to
+    whole query blocks per (batch, head): the dQ workspace, D, lse * log2(e), then the order of
+    dQ's adds (deterministic: one int per query block and consumer warpgroup) or each query
+    block's dQ state (padded to 16 bytes), then the split blocks' dK, dV and counters
+    (BwdTraits::kSplitFloats each)."""
     assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
-    batch, seqlen_q, heads, head_dim = q.shape
+    _, _, heads, head_dim = q.shape
+    batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
     query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
     rows = query_blocks * spec.tile.block_m
-    grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
+    grid = backward_grid(spec, (batch, seqlen_q, heads, head_dim), (seqlen_k, k.shape[2]),
+                         q.get_device(), deterministic)
     consumers = backward_consumers(head_dim, spec.tile.block_n)
     order_ints = query_blocks * consumers if deterministic else -(-query_blocks // 4) * 4
     split_floats = grid.split_blocks * (2 * spec.tile.block_n * head_dim + 1)
@@ -55,18 +59,20 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
                           device=q.device)
     address = scratch.data_ptr()
     order = address + 4 * rows * (head_dim + 2)
+    # The packed views' rows bound the TMA descriptors (BwdParams.q_view_rows).
+    views = {"q_view_rows": q.shape[1], "kv_view_rows": k.shape[1]} if varlen else {}
     args = params.bwd_args(
         q=q, k=k, v=v, o=out, dout=dout, dq=dq, dk=dk, dv=dv, softmax_lse=lse.data_ptr(),
         dq_accum=address, softmax_d=address + 4 * rows * head_dim,
         softmax_lse_log2=address + 4 * rows * (head_dim + 1),
         dq_semaphore=order if deterministic else 0, dq_state=0 if deterministic else order,
         dkv_accum=order + 4 * order_ints if split_floats else 0,
-        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=k.shape[1],
+        batch=batch, heads=heads, heads_kv=k.shape[2], seqlen_q=seqlen_q, seqlen_k=seqlen_k,
         sorted_tail_blocks=grid.sorted_tail_blocks, split_blocks=grid.split_blocks,
         splits=grid.splits,
-        deterministic_rotation=(deterministic_rotation(spec, k.shape[1], q.get_device())
-                                if deterministic else 0),
-        **mods.fields(scale), **band.fields())
+        deterministic_rotation=(deterministic_rotation(spec, seqlen_k, q.get_device())
+                                if deterministic and not varlen else 0),
+        **mods.fields(scale), **band.fields(), **sequences, **views)
     return args, scratch
 
 
@@ -98,7 +104,8 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     key blocks after another, the longest first; under a mask that gives them unequal walks the
     last (batch, KV head)s interleave theirs longest first across them, so that no long block
     starts in the grid's last wave; without one, the last wave's blocks run in pieces. A
-    deterministic run keeps its own order (deterministic_rotation) and splits nothing."""
+    deterministic run keeps its own order (deterministic_rotation) and splits nothing. A
+    variable-length batch's grid is that of a dense batch of its longest lengths."""
     if deterministic:
         return schedule.BwdGrid()
     batch, seqlen_q, heads, head_dim = q_shape

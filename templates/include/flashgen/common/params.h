@@ -205,6 +205,11 @@ struct BwdParams : AttentionParams {
   // lengths, where the dK/dV kernel writes dS, the gradient of the bias it added (nullptr: none
   // wanted)
   float* attn_bias_grad;
+  // hopper family: the rows of q, dout and dq as laid out, the bound of their TMA descriptors: the
+  // total rows of a variable-length batch (packed, batch 1). 0: seqlen_q
+  int q_view_rows;
+  // hopper family: the rows of k, v, dk and dv as laid out, with q_view_rows. 0: seqlen_k
+  int kv_view_rows;
 };
 
 struct DecodeParams : AttentionParams {
@@ -287,7 +292,7 @@ struct DecodeParams : AttentionParams {
   X(dk_row_stride) X(dk_head_stride) X(dv) X(dv_batch_stride) X(dv_row_stride) X(dv_head_stride) \
   X(softmax_lse) X(softmax_d) X(dq_accum) X(softmax_lse_log2) X(dq_semaphore) X(dq_state) \
   X(dkv_accum) X(sorted_tail_blocks) X(deterministic_rotation) X(split_blocks) X(splits) \
-  X(attn_bias_grad)
+  X(attn_bias_grad) X(q_view_rows) X(kv_view_rows)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
   X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \

@@ -28,6 +28,7 @@
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
+#include "flashgen/common/seqinfo.cuh"
 #include "flashgen/hopper/bwd_aux.cuh"
 #include "flashgen/hopper/bwd_traits.cuh"
 #include "flashgen/hopper/fragments.cuh"
@@ -56,11 +57,28 @@ struct BwdTmas {
   TmaKvShare dk, dv;
 };
 
-// Which key block, KV head and batch a thread block owns, and the query blocks it walks.
+// Where a batch's rows are in the TMA descriptors' (rows, head dim, heads, slots) tensors: a
+// dense batch's sequence from row 0 of its own slot; a variable-length batch's (packed: BwdParams'
+// q_view_rows and kv_view_rows set) from its first row of the one slot.
+__host__ __device__ __forceinline__ int q_view_rows(BwdParams const& p) {
+  return p.q_view_rows > 0 ? p.q_view_rows : p.seqlen_q;
+}
+__host__ __device__ __forceinline__ int kv_view_rows(BwdParams const& p) {
+  return p.kv_view_rows > 0 ? p.kv_view_rows : p.seqlen_k;
+}
+__host__ __device__ __forceinline__ int view_slots(BwdParams const& p) {
+  return p.q_view_rows > 0 ? 1 : p.batch;
+}
+
+// Which key block, KV head and sequence a thread block owns, and the query blocks it walks. The
+// grid and the row-padded workspaces are laid out for a dense batch of the longest lengths
+// (seqlen_q, seqlen_k); in a variable-length batch the blocks past a shorter sequence's keys have
+// nothing to do (has_keys), and a sequence longer than the longest the caller gave is cut to it.
 template <class Traits, class Mask>
 struct KeyBlockWork {
   int n_block, head_kv, batch;
-  int m_blocks;  // query blocks of a head
+  DenseSeqs seq;  // the sequence's lengths, and where its rows are
+  int m_blocks;   // the sequence's query blocks
   Mask mask;
 
   // block: the thread block's key block in the grid without splits (grid_piece).
@@ -68,9 +86,24 @@ struct KeyBlockWork {
       : KeyBlockWork(p, decode(p, deterministic, block)) {}
   __device__ __forceinline__ KeyBlockWork(BwdParams const& p, BlockWork work)
       : n_block(work.rank), head_kv(work.batch_head % p.heads_kv),
-        batch(work.batch_head / p.heads_kv),
-        m_blocks((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-        mask(p, batch, p.seqlen_k, p.mask_offset) {}
+        batch(work.batch_head / p.heads_kv), seq(cut(p, DenseSeqs(p, batch))),
+        m_blocks((seq.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+        mask(p, batch, seq.seqlen_k, seq.mask_offset) {}
+  static __device__ __forceinline__ DenseSeqs cut(BwdParams const& p, DenseSeqs seq) {
+    seq.seqlen_q = min(seq.seqlen_q, p.seqlen_q);
+    seq.seqlen_k = min(seq.seqlen_k, p.seqlen_k);
+    return seq;
+  }
+  __device__ __forceinline__ bool has_keys() const {
+    return n_block * Traits::kBlockN < seq.seqlen_k;
+  }
+  // The TMA tensors' slot and first row of this sequence (q_view_rows).
+  __device__ __forceinline__ int slot() const { return seq.packed ? 0 : batch; }
+  __device__ __forceinline__ int q_row0() const { return int(seq.q_start); }
+  __device__ __forceinline__ int k_row0() const { return int(seq.k_start); }
+  __device__ __forceinline__ int n_blocks() const {
+    return (seq.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  }
   // One (batch, KV head) after another, the longest key block first (under a causal mask the
   // first key blocks see the most query blocks), the last (batch, KV head)s interleaved where the
   // host sorts the grid's tail (block_order.cuh). A deterministic run adds dQ in descending
@@ -91,18 +124,19 @@ struct KeyBlockWork {
   __device__ __forceinline__ QueryBlockWalk<Traits::kBlockM, Traits::kBlockN, Mask> walk(
       BwdParams const& p, bool deterministic) const {
     const int group = p.heads / p.heads_kv;
-    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
     const bool rotates = !Mask::kHidesKeys && (!deterministic || p.deterministic_rotation);
-    const int rotation = rotates ? first_query_block(n_block, n_blocks) : 0;
+    const int rotation = rotates ? first_query_block(n_block, n_blocks()) : 0;
     return {mask, n_block, m_blocks, head_kv * group, group, rotation};
   }
   // Where key block n of a head's n_blocks starts its walk: its share of the way in.
   __device__ __forceinline__ int first_query_block(int n, int n_blocks) const {
     return int(int64_t(n) * m_blocks / n_blocks);
   }
-  // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
+  // Offset of (head, m_block)'s first row in the row-padded per-row workspaces, (batch, heads,
+  // query blocks of seqlen_q).
   __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
-    return ((int64_t(batch) * p.heads + head) * m_blocks + m_block) * Traits::kBlockM;
+    const int layout_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    return ((int64_t(batch) * p.heads + head) * layout_m_blocks + m_block) * Traits::kBlockM;
   }
   // A deterministic run's order of dQ adds to a query block. Where the key blocks start their
   // walks their own share of the way in (deterministic_rotation), the order they reach it in:
@@ -113,7 +147,7 @@ struct KeyBlockWork {
   // run). head_mask: the mask's view for the query block's head.
   __device__ __forceinline__ int dq_turn(BwdParams const& p, Mask const& head_mask,
                                          int m_block) const {
-    const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    const int n_blocks = this->n_blocks();
     if (!Mask::kHidesKeys && p.deterministic_rotation) {
       // The last key block whose first query block is at most m_block.
       const int last_started =
@@ -304,6 +338,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int blocks = (p.seqlen_k + kBlockN - 1) / kBlockN * p.batch * p.heads_kv;
   const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
   const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
+  if (!work.has_keys()) return;  // past a shorter sequence's keys: no rows to write
   const auto walk = work.walk(p, deterministic);
   // A piece runs its share of the steps (only grids whose walks count their steps exactly, those
   // without a mask, are split).
@@ -355,9 +390,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // step's first tile), the other after that tile where the traits say so.
     auto load_keys = [&](auto const& tma, auto& s, uint64_t& barrier) {
       TxBarrier::arrive_and_expect_tx(&barrier, Traits::kKVBytes);
-      Tensor m = tma.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
-      Tensor g = local_tile(m(_, _, work.head_kv, work.batch), Shape<BN, HD>{},
-                            make_coord(_, _0{}));
+      Tensor m =
+          tma.get_tma_tensor(make_shape(kv_view_rows(p), HD{}, p.heads_kv, view_slots(p)));
+      Tensor g = local_tile(
+          domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
+          Shape<BN, HD>{}, make_coord(_, _0{}));
       auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
                                     group_modes<0, 2>(g));
       copy(tma.with(barrier), tg(_, work.n_block), ts(_, 0));
@@ -380,8 +417,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if constexpr (!Traits::kSecondKeysLate) load_second_keys();
     }
 
-    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
-    Tensor mdO = tmas.dout.get_tma_tensor(make_shape(p.seqlen_q, HD{}, p.heads, p.batch));
+    Tensor mQ = tmas.q.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
+    Tensor mdO =
+        tmas.dout.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
     auto q_state = cutlass::make_producer_start_state<Pipeline>();
     auto do_state = cutlass::make_producer_start_state<PipelineDo>();
     // Query block m_block of `head` from the tma's tensor m into the ring's next stage, with its
@@ -391,7 +429,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                          int m_block) {
       pipeline.producer_acquire(state);
       auto& barrier = *pipeline.producer_get_barrier(state);
-      Tensor g = local_tile(m(_, _, head, work.batch), Shape<BM, HD>{}, make_coord(_, _0{}));
+      Tensor g = local_tile(
+          domain_offset(make_coord(work.q_row0(), _0{}), m(_, _, head, work.slot())),
+          Shape<BM, HD>{}, make_coord(_, _0{}));
       auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
                                     group_modes<0, 2>(g));
       copy(tma.with(barrier), tg(_, m_block), ts(_, state.index()));
@@ -609,7 +649,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // modified scores need no registers of their own (the derivative is a function of them).
     warpgroup_wait<Traits::kDoFirst ? 0 : 1>();
     const int row0 = m_block * kBlockM + share_row;
-    const ScoreMod score_mod(p, work.batch, head, p.mask_offset);
+    const ScoreMod score_mod(p, work.batch, head, work.seq.mask_offset);
     const Dropout dropout(p, work.batch, head);
     if constexpr (!ScoreMod::kIdentity) {
       CUTE_UNROLL
@@ -779,10 +819,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows
   // of K's and V's buffers by stmatrix -> global by one TMA store each (which drops the rows past
-  // the sequence), issued by the consumer's first thread, or (the traits' kStoreKvByTma unset)
-  // in 16-byte pieces, a warp's 32 covering whole rows, the keys inside the sequence (the
-  // gradients' rows are 16-byte aligned: whole head dims of a fresh tensor). Stores straight from
-  // the accumulators would be 4 bytes each, rows apart, queued on the load/store unit.
+  // the sequence), issued by the consumer's first thread, or (the traits' kStoreKvByTma unset,
+  // and a packed sequence's partial last block) in 16-byte pieces, a warp's 32 covering whole
+  // rows, the keys inside the sequence (the gradients' rows are 16-byte aligned: whole head dims
+  // of a fresh tensor). Stores straight from the accumulators would be 4 bytes each, rows apart,
+  // queued on the load/store unit.
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
   Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
@@ -800,43 +841,50 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
   if constexpr (kSplitHeadDim) stage(tdVrdV, sV, 1.f);
   stage(tdKrdK, sK, p.softmax_scale);
-  if constexpr (!Traits::kStoreKvByTma) {
-    named_sync(kEpilogueBarrier + consumer, 128);
-    auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
-                     int64_t head_stride) {
-      Tensor share = own_share(s);
-      Element* out = static_cast<Element*>(base) + work.batch * batch_stride +
-                     work.head_kv * head_stride + Traits::kKvCols * row_share;
-      constexpr int kPiecesPerRow = Traits::kKvCols / 8;
-      CUTE_UNROLL
-      for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
-        const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
-        if (key0 + row < p.seqlen_k) {
-          *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
-              *reinterpret_cast<uint4 const*>(&share(row, col));
-        }
+  // A packed sequence's partial last key block stores by thread: a TMA store would write the
+  // rows past the sequence, the next sequence's.
+  if constexpr (Traits::kStoreKvByTma) {
+    if (!work.seq.packed || (work.n_block + 1) * kBlockN <= work.seq.seqlen_k) {
+      cutlass::arch::fence_view_async_shared();  // the stmatrix writes, seen by the TMA stores
+      named_sync(kEpilogueBarrier + consumer, 128);
+      if (thread == 0) {
+        auto store = [&](auto const& tma, auto const& s) {
+          Tensor m = tma.get_tma_tensor(
+              make_shape(kv_view_rows(p), HD{}, p.heads_kv, view_slots(p)));
+          Tensor g = local_tile(
+              domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
+              Shape<_64, KvCols>{}, make_coord(_, _));
+          auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{},
+                                        group_modes<0, 2>(own_share(s)), group_modes<0, 2>(g));
+          copy(tma, ts, tg(_, key0 / 64, row_share));
+        };
+        store(tmas.dv, sV);
+        store(tmas.dk, sK);
+        tma_store_arrive();
+        tma_store_wait<0>();  // the buffers are read before the block exits
       }
-    };
-    store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    return;
+      return;
+    }
   }
-  cutlass::arch::fence_view_async_shared();  // the stmatrix writes, seen by the TMA stores
   named_sync(kEpilogueBarrier + consumer, 128);
-  if (thread == 0) {
-    auto store = [&](auto const& tma, auto const& s) {
-      Tensor m = tma.get_tma_tensor(make_shape(p.seqlen_k, HD{}, p.heads_kv, p.batch));
-      Tensor g = local_tile(m(_, _, work.head_kv, work.batch), Shape<_64, KvCols>{},
-                            make_coord(_, _));
-      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(own_share(s)),
-                                    group_modes<0, 2>(g));
-      copy(tma, ts, tg(_, key0 / 64, row_share));
-    };
-    store(tmas.dv, sV);
-    store(tmas.dk, sK);
-    tma_store_arrive();
-    tma_store_wait<0>();  // the buffers are read before the block exits
-  }
+  auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
+                   int64_t head_stride) {
+    Tensor share = own_share(s);
+    Element* out = static_cast<Element*>(base) +
+                   work.seq.k_offset(batch_stride, row_stride, head_stride, work.head_kv) +
+                   Traits::kKvCols * row_share;
+    constexpr int kPiecesPerRow = Traits::kKvCols / 8;
+    CUTE_UNROLL
+    for (int i = thread; i < 64 * kPiecesPerRow; i += 128) {
+      const int row = i / kPiecesPerRow, col = i % kPiecesPerRow * 8;
+      if (key0 + row < work.seq.seqlen_k) {
+        *reinterpret_cast<uint4*>(out + int64_t(key0 + row) * row_stride + col) =
+            *reinterpret_cast<uint4 const*>(&share(row, col));
+      }
+    }
+  };
+  store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
 }
 
 }  // namespace flashgen::hopper

@@ -20,21 +20,23 @@ auto make_bwd_tmas(const BwdParams& p) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
-  auto q = gmem_heads<Element, kHeadDim>(p.q, p.seqlen_q, p.heads, p.batch, p.q_row_stride,
+  // (rows, head dim, heads, slots) as laid out: a packed batch is one slot (q_view_rows).
+  const int q_rows = q_view_rows(p), kv_rows = kv_view_rows(p), slots = view_slots(p);
+  auto q = gmem_heads<Element, kHeadDim>(p.q, q_rows, p.heads, slots, p.q_row_stride,
                                          p.q_head_stride, p.q_batch_stride);
-  auto dout = gmem_heads<Element, kHeadDim>(p.dout, p.seqlen_q, p.heads, p.batch, p.do_row_stride,
+  auto dout = gmem_heads<Element, kHeadDim>(p.dout, q_rows, p.heads, slots, p.do_row_stride,
                                             p.do_head_stride, p.do_batch_stride);
-  auto k = gmem_heads<Element, kHeadDim>(p.k, p.seqlen_k, p.heads_kv, p.batch, p.k_row_stride,
+  auto k = gmem_heads<Element, kHeadDim>(p.k, kv_rows, p.heads_kv, slots, p.k_row_stride,
                                          p.k_head_stride, p.k_batch_stride);
-  auto v = gmem_heads<Element, kHeadDim>(p.v, p.seqlen_k, p.heads_kv, p.batch, p.v_row_stride,
+  auto v = gmem_heads<Element, kHeadDim>(p.v, kv_rows, p.heads_kv, slots, p.v_row_stride,
                                          p.v_head_stride, p.v_batch_stride);
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::TileLayoutQ{});
   auto tma_do = make_tma_copy(SM90_TMA_LOAD{}, dout, typename Traits::TileLayoutQ{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
   auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
-  auto dk = gmem_heads<Element, kHeadDim>(p.dk, p.seqlen_k, p.heads_kv, p.batch, p.dk_row_stride,
+  auto dk = gmem_heads<Element, kHeadDim>(p.dk, kv_rows, p.heads_kv, slots, p.dk_row_stride,
                                           p.dk_head_stride, p.dk_batch_stride);
-  auto dv = gmem_heads<Element, kHeadDim>(p.dv, p.seqlen_k, p.heads_kv, p.batch, p.dv_row_stride,
+  auto dv = gmem_heads<Element, kHeadDim>(p.dv, kv_rows, p.heads_kv, slots, p.dv_row_stride,
                                           p.dv_head_stride, p.dv_batch_stride);
   auto store_share = [](auto const& gradient) {
     return make_tma_copy(SM90_TMA_STORE{}, gradient, typename Traits::TileLayoutKvShare{});
@@ -49,12 +51,18 @@ auto make_bwd_tmas(const BwdParams& p) {
 }
 
 // Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
-// common/dropout.cuh. Dense batches only (the family declares no varlen backward): the
-// workspaces are laid out per (batch, head) of whole query blocks.
+// common/dropout.cuh. The grid and the workspaces are laid out per (batch, head) of whole query
+// blocks of the longest lengths, seqlen_q and seqlen_k: a variable-length batch (cu_seqlens_q,
+// packed with q_view_rows and kv_view_rows set) as a dense batch of those, its blocks past a
+// shorter sequence's keys exiting at once (every piece of a split one alike; a piece's steps are
+// its share of its own sequence's walk).
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBlockM = Traits::kBlockM;
-  if (p.cu_seqlens_q != nullptr) return cudaErrorNotSupported;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  if (packed != (p.q_view_rows > 0) || packed != (p.kv_view_rows > 0)) {
+    return cudaErrorInvalidValue;
+  }
   // Empty inputs have trivial gradients; the caller fills them.
   if (int64_t(p.batch) * p.heads * p.seqlen_q == 0 || p.seqlen_k == 0) return cudaSuccess;
   const int64_t query_blocks =
