@@ -1,10 +1,11 @@
 """flash_attn_varlen_func on a batch of equal lengths against flash_attn_func on the same rows,
 forward and forward + backward, in one process (the issue's "within 3%" check).
 
-    python3 scripts/varlen_vs_dense.py [--family mma]
+    python3 scripts/varlen_vs_dense.py [--family mma] [--varlen-only]
 
 --family pins both functions' forward to one family (unset: dispatch's choice, the hopper family
-on an H100)."""
+on an H100). --varlen-only times flash_attn_varlen_func alone, forward + backward three times: to
+compare two trees' varlen paths where one lacks the dense kernels."""
 
 import argparse
 import os
@@ -18,6 +19,7 @@ from flashgen.tools.bench.timing import time_ms
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--family")
+    parser.add_argument("--varlen-only", action="store_true")
     args = parser.parse_args()
     if args.family:
         os.environ["FLASHGEN_FAMILY"] = args.family
@@ -33,6 +35,13 @@ def main():
                                                 causal=causal)
         dout = torch.randn(batch * seqlen, heads, head_dim, device="cuda", dtype=torch.bfloat16)
         row = [f"hd{head_dim} {'causal' if causal else 'full'}"]
+        if args.varlen_only:
+            with torch.no_grad():
+                row.append(f"varlen fwd {time_ms(varlen, [()], repeats=30):.3f} ms fwd_bwd")
+            row += [f"{time_ms(lambda: varlen().backward(dout), [()], repeats=30):.3f}"
+                    for _ in range(3)]
+            print(" ".join(row) + " ms", flush=True)
+            continue
         for mode in ("fwd", "fwd_bwd"):
             times = []
             for fn in (dense, varlen):
