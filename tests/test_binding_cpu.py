@@ -310,9 +310,10 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
 @pytest.mark.parametrize("mask", ["none", "causal"])
 def test_hopper_backward_launch_lays_a_packed_batch_out_as_its_longest_lengths(
         binding, monkeypatch, mask):
-    """A variable-length batch: the grid and the workspaces of a dense batch of its longest
-    lengths, the packed views' rows bounding the TMA descriptors, each sequence's offsets from
-    cu_seqlens."""
+    """A variable-length batch: the grid of a dense batch of its longest lengths, the packed
+    views' rows bounding the TMA descriptors, each sequence's offsets from cu_seqlens, and
+    workspaces of the sequences' own query blocks: per head, the total rows plus a query block
+    per sequence (QueryBlockLayout)."""
     block_m = 64
     launcher = RecordingLauncher(BwdParams, family="hopper", mask=mask,
                                  tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
@@ -339,7 +340,7 @@ def test_hopper_backward_launch_lays_a_packed_batch_out_as_its_longest_lengths(
     assert {name: got[name] for name in grid._fields} == grid._asdict()
     # (without a mask 24 key blocks, all in the last wave, run in pieces)
     assert (grid.splits > 1) == (mask == "none")
-    query_blocks = 3 * HEADS * -(-305 // block_m)
+    query_blocks = HEADS * ((sum(lengths_q) + 3 * block_m) // block_m)
     split_floats = grid.split_blocks * (2 * BLOCK_N * 64 + 1)
     assert scratch.numel() == (query_blocks * block_m * (64 + 2) + -(-query_blocks // 4) * 4
                                + split_floats)

@@ -236,6 +236,18 @@ def test_varlen_gradients_match_each_sequence_alone(head_dim, causal):
 
 
 @hopper_gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_varlen_many_short_sequences_beside_a_long_one(head_dim, causal):
+    """Packed training batches: 40 short sequences of odd lengths and one long. The workspaces
+    hold each sequence's own query blocks (not 41 of the longest's each), packed one after
+    another: every boundary between neighbours is exercised."""
+    lengths = torch.randint(1, 200, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    lengths.insert(17, 1500)
+    assert_varlen_grads_match_each_sequence(lengths, lengths, (4, 2), head_dim, causal)
+
+
+@hopper_gpu
 def test_varlen_split_key_blocks_sum_their_pieces():
     """A packed batch's grid is split as a dense batch of its longest lengths: 3 x 4 x 16 key
     blocks, the last wave's 60 in pieces, most of them the short last sequence's, whose pieces

@@ -38,18 +38,23 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
                   bias_grad=None):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of
-    a variable-length batch packed into (1, total, heads, dim) views, which the kernels lay out
-    as a dense batch of the longest lengths (ordered and split as one; blocks past a shorter
-    sequence exit; the mma family's workspace is as large). The kernels' fp32 scratch in one allocation, rows padded to
-    whole query blocks per (batch, head): the dQ workspace, D, lse * log2(e), then the order of
-    dQ's adds (deterministic: one int per query block and consumer warpgroup) or each query
-    block's dQ state (padded to 16 bytes), then the split blocks' dK, dV and counters
+    a variable-length batch packed into (1, total, heads, dim) views, whose grids are a dense
+    batch's of the longest lengths (ordered and split as one; blocks past a shorter sequence
+    exit). The kernels' fp32 scratch in one allocation, rows padded to whole query blocks per
+    (sequence, head) (QueryBlockLayout in hopper/bwd_aux.cuh: a packed batch's take its total
+    rows plus a query block per sequence, per head): the dQ workspace, D, lse * log2(e), then
+    the order of dQ's adds (deterministic: one int per query block and consumer warpgroup) or
+    each query block's dQ state (padded to 16 bytes), then the split blocks' dK, dV and counters
     (BwdTraits::kSplitFloats each)."""
     assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
     _, _, heads, head_dim = q.shape
     batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
-    query_blocks = batch * heads * -(-seqlen_q // spec.tile.block_m)
-    rows = query_blocks * spec.tile.block_m
+    block_m = spec.tile.block_m
+    if varlen:
+        query_blocks = heads * ((q.shape[1] + batch * block_m) // block_m)
+    else:
+        query_blocks = batch * heads * -(-seqlen_q // block_m)
+    rows = query_blocks * block_m
     grid = backward_grid(spec, (batch, seqlen_q, heads, head_dim), (seqlen_k, k.shape[2]),
                          q.get_device(), deterministic)
     consumers = backward_consumers(head_dim, spec.tile.block_n)

@@ -13,6 +13,41 @@
 
 namespace flashgen::hopper {
 
+// The row-padded per-row workspaces (D, lse * log2(e), dQ's, and a dQ state or semaphores per
+// query block) hold each (sequence, head)'s query blocks of kBlockM rows in turn: a dense batch's
+// as (batch, heads, query blocks of seqlen_q); a variable-length batch's (packed) per head, each
+// sequence from query block (its first row + its index x kBlockM) / kBlockM, which leaves room
+// for its blocks before the next sequence's (FlashAttention-3's layout), so that a head takes
+// (total rows + batch x kBlockM) / kBlockM of them whatever the lengths. Query block m_block of
+// (seq, head) is query_blocks_per_head x head + first_query_block + m_block.
+template <int kBlockM>
+struct QueryBlockLayout {
+  int per_head;  // query blocks per head (packed), or per (batch, head)
+  int first;     // the sequence's first query block in head 0
+
+  __host__ __device__ __forceinline__ static int64_t dense_per_head(BwdParams const& p) {
+    return (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM;
+  }
+  __host__ __device__ __forceinline__ static int64_t packed_per_head(BwdParams const& p) {
+    return (int64_t(p.q_view_rows) + int64_t(p.batch) * kBlockM) / kBlockM;
+  }
+  // Every query block of the call (what the workspaces are sized for).
+  __host__ __device__ __forceinline__ static int64_t total(BwdParams const& p) {
+    return p.q_view_rows > 0 ? p.heads * packed_per_head(p)
+                             : int64_t(p.batch) * p.heads * dense_per_head(p);
+  }
+  // (The launcher's grids bound every query block index below 2^31.)
+  __device__ __forceinline__ static QueryBlockLayout of(BwdParams const& p, DenseSeqs const& seq) {
+    if (!seq.packed) {
+      return {int(dense_per_head(p)), int(seq.batch * p.heads * dense_per_head(p))};
+    }
+    return {int(packed_per_head(p)), int((seq.q_start + int64_t(seq.batch) * kBlockM) / kBlockM)};
+  }
+  __device__ __forceinline__ int64_t index(int head, int m_block) const {
+    return int64_t(head) * per_head + first + m_block;
+  }
+};
+
 // Whether the main kernel writes every query block's dQ workspace before adding to it: its first
 // (deterministic: its first turn's) key block stores its shares there (bwd_kernel's
 // add_dq_shares), so the prepare kernel need not zero the workspace, and the conversion writes
@@ -39,28 +74,34 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kLanes = softmax_d_lanes(kHeadDim);
   constexpr int kRows = kDRowsPerBlock<kHeadDim>;
-  const int padded_rows = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * Traits::kBlockM;
-  const int blocks_per_head = (padded_rows + kRows - 1) / kRows;
+  constexpr int kBlockM = Traits::kBlockM;
+  // The grid covers the longest sequence's rows for each (sequence, head); each sequence's own
+  // rows, padded to whole query blocks (at most the longest's), are written.
+  const int longest_rows = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
+  const int blocks_per_head = (longest_rows + kRows - 1) / kRows;
   const int batch_head = int(blockIdx.x) / blocks_per_head;
   const int first_row = int(blockIdx.x) % blocks_per_head * kRows;
   const int row = first_row + int(threadIdx.x) / kLanes;
   const DenseSeqs seq(p, batch_head / p.heads);
   const int head = batch_head % p.heads;
+  const int padded_rows =
+      min(longest_rows, (seq.seqlen_q + kBlockM - 1) / kBlockM * kBlockM);
+  if (first_row >= padded_rows) return;
+  const int64_t first = QueryBlockLayout<kBlockM>::of(p, seq).index(head, 0) * kBlockM;
   const bool inside = row < seq.seqlen_q;
   const float d = softmax_d_row<Element, kHeadDim>(p, seq, head, row, inside);
   if (row < padded_rows && int(threadIdx.x) % kLanes == 0) {
     const float lse = inside ? p.softmax_lse[seq.row_stats_offset(p.heads, head) + row] : -INFINITY;
-    const int64_t at = int64_t(batch_head) * padded_rows + row;
+    const int64_t at = first + row;
     p.softmax_d[at] = d;
     p.softmax_lse_log2[at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-    if (stores_first_dq<Traits>(p) && p.dq_state != nullptr && row % Traits::kBlockM == 0) {
-      p.dq_state[at / Traits::kBlockM] = 0;
+    if (stores_first_dq<Traits>(p) && p.dq_state != nullptr && row % kBlockM == 0) {
+      p.dq_state[at / kBlockM] = 0;
     }
   }
   if (stores_first_dq<Traits>(p)) return;
   const int rows = min(kRows, padded_rows - first_row);
-  float4* dq = reinterpret_cast<float4*>(p.dq_accum +
-                                         (int64_t(batch_head) * padded_rows + first_row) * kHeadDim);
+  float4* dq = reinterpret_cast<float4*>(p.dq_accum + (first + first_row) * kHeadDim);
   for (int i = int(threadIdx.x); i < rows * kHeadDim / 4; i += kAuxThreads) {
     dq[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -100,11 +141,17 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   constexpr int kBlock4 = (Convert::kPerShare ? Traits::dq_floats(0) : Traits::kDqBlockFloats) / 4;
   constexpr int kStride = Convert::kStride;
   __shared__ alignas(16) float tile[kBlockM * kStride];
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const int query_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
+  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // of the longest sequence
+  const int grid_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
   const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
+  const int batch_head = grid_block / m_blocks;
+  const int row0 = grid_block % m_blocks * kBlockM;
+  const DenseSeqs seq(p, batch_head / p.heads);
+  if (row0 >= seq.seqlen_q) return;
+  const int head = batch_head % p.heads;
+  const int64_t query_block = QueryBlockLayout<kBlockM>::of(p, seq).index(head, row0 / kBlockM);
   const float4* in = reinterpret_cast<const float4*>(
-      p.dq_accum + int64_t(query_block) * Traits::kDqBlockFloats + Traits::dq_offset(first_share));
+      p.dq_accum + query_block * Traits::kDqBlockFloats + Traits::dq_offset(first_share));
   // (A query block no key block reached has zero gradients.)
   const bool written = !stores_first_dq<Traits>(p) || dq_written<Traits>(p, query_block);
   for (int i = int(threadIdx.x); i < kBlock4; i += kAuxThreads) {
@@ -131,12 +178,8 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
     }
   }
   __syncthreads();
-  const int batch_head = query_block / m_blocks;
-  const int row0 = query_block % m_blocks * kBlockM;
-  const DenseSeqs seq(p, batch_head / p.heads);
   Element* dq = static_cast<Element*>(p.dq) +
-                seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                             batch_head % p.heads) +
+                seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, head) +
                 Convert::kCols * first_share;
   constexpr int kChunksPerRow = Convert::kCols / 8;
   for (int i = int(threadIdx.x); i < kBlockM * kChunksPerRow; i += kAuxThreads) {

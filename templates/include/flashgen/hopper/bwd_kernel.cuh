@@ -71,14 +71,16 @@ __host__ __device__ __forceinline__ int view_slots(BwdParams const& p) {
 }
 
 // Which key block, KV head and sequence a thread block owns, and the query blocks it walks. The
-// grid and the row-padded workspaces are laid out for a dense batch of the longest lengths
-// (seqlen_q, seqlen_k); in a variable-length batch the blocks past a shorter sequence's keys have
-// nothing to do (has_keys), and a sequence longer than the longest the caller gave is cut to it.
+// grid is laid out for a dense batch of the longest lengths (seqlen_q, seqlen_k); in a
+// variable-length batch the blocks past a shorter sequence's keys have nothing to do (has_keys),
+// and a sequence longer than the longest the caller gave is cut to it. The row-padded workspaces
+// hold only the sequences' own query blocks (QueryBlockLayout).
 template <class Traits, class Mask>
 struct KeyBlockWork {
   int n_block, head_kv, batch;
   DenseSeqs seq;  // the sequence's lengths, and where its rows are
   int m_blocks;   // the sequence's query blocks
+  QueryBlockLayout<Traits::kBlockM> layout;  // where they are in the workspaces
   Mask mask;
 
   // block: the thread block's key block in the grid without splits (grid_piece).
@@ -88,6 +90,7 @@ struct KeyBlockWork {
       : n_block(work.rank), head_kv(work.batch_head % p.heads_kv),
         batch(work.batch_head / p.heads_kv), seq(cut(p, DenseSeqs(p, batch))),
         m_blocks((seq.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+        layout(QueryBlockLayout<Traits::kBlockM>::of(p, seq)),
         mask(p, batch, seq.seqlen_k, seq.mask_offset) {}
   static __device__ __forceinline__ DenseSeqs cut(BwdParams const& p, DenseSeqs seq) {
     seq.seqlen_q = min(seq.seqlen_q, p.seqlen_q);
@@ -132,11 +135,10 @@ struct KeyBlockWork {
   __device__ __forceinline__ int first_query_block(int n, int n_blocks) const {
     return int(int64_t(n) * m_blocks / n_blocks);
   }
-  // Offset of (head, m_block)'s first row in the row-padded per-row workspaces, (batch, heads,
-  // query blocks of seqlen_q).
-  __device__ __forceinline__ int64_t stats_row(BwdParams const& p, int head, int m_block) const {
-    const int layout_m_blocks = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    return ((int64_t(batch) * p.heads + head) * layout_m_blocks + m_block) * Traits::kBlockM;
+  // Offset of (head, m_block)'s first row in the row-padded per-row workspaces.
+  __device__ __forceinline__ int64_t stats_row(BwdParams const& /*p*/, int head,
+                                               int m_block) const {
+    return layout.index(head, m_block) * Traits::kBlockM;
   }
   // A deterministic run's order of dQ adds to a query block. Where the key blocks start their
   // walks their own share of the way in (deterministic_rotation), the order they reach it in:

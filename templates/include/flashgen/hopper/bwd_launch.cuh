@@ -51,11 +51,11 @@ auto make_bwd_tmas(const BwdParams& p) {
 }
 
 // Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
-// common/dropout.cuh. The grid and the workspaces are laid out per (batch, head) of whole query
-// blocks of the longest lengths, seqlen_q and seqlen_k: a variable-length batch (cu_seqlens_q,
-// packed with q_view_rows and kv_view_rows set) as a dense batch of those, its blocks past a
-// shorter sequence's keys exiting at once (every piece of a split one alike; a piece's steps are
-// its share of its own sequence's walk).
+// common/dropout.cuh. The grids cover (batch, head) of the longest lengths, seqlen_q and
+// seqlen_k: a variable-length batch (cu_seqlens_q, packed with q_view_rows and kv_view_rows set)
+// as a dense batch of those, its blocks past a shorter sequence's rows exiting at once (every
+// piece of a split one alike; a piece's steps are its share of its own sequence's walk), while
+// the workspaces hold only each sequence's own query blocks (QueryBlockLayout).
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBlockM = Traits::kBlockM;
@@ -65,8 +65,10 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   // Empty inputs have trivial gradients; the caller fills them.
   if (int64_t(p.batch) * p.heads * p.seqlen_q == 0 || p.seqlen_k == 0) return cudaSuccess;
+  // The grids' (batch, head, query block)s of the longest lengths; the workspaces' query blocks.
   const int64_t query_blocks =
       (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
+  const int64_t workspace_query_blocks = QueryBlockLayout<kBlockM>::total(p);
   const int64_t rows_per_head = (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
   const int64_t prepare_grid = (rows_per_head + kDRowsPerBlock<Traits::kHeadDim> - 1) /
                                kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
@@ -80,11 +82,12 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const bool split = p.split_blocks > 0 && p.splits > 1;
   const int64_t grid_blocks = key_blocks + (split ? int64_t(p.split_blocks) * (p.splits - 1) : 0);
   const int64_t convert_blocks = query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock;
-  for (int64_t blocks : {prepare_grid, grid_blocks, convert_blocks}) {
+  // (workspace_query_blocks: the kernels index query blocks in 32 bits.)
+  for (int64_t blocks : {prepare_grid, grid_blocks, convert_blocks, workspace_query_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
   if (p.dq_semaphore != nullptr) {
-    const size_t bytes = size_t(query_blocks) * Traits::kConsumers * sizeof(int);
+    const size_t bytes = size_t(workspace_query_blocks) * Traits::kConsumers * sizeof(int);
     if (cudaError_t err = cudaMemsetAsync(p.dq_semaphore, 0, bytes, stream); err != cudaSuccess) {
       return err;
     }
