@@ -185,11 +185,12 @@ BWD_FIELDS = (
     Field("attn_bias_grad", "float*", "mma family, bias score modifier: (batch, heads, seqlen_q, "
           "seqlen_k) fp32, contiguous, of equal lengths, where the dK/dV kernel writes dS, the "
           "gradient of the bias it added (nullptr: none wanted)", default=0),
-    Field("q_view_rows", "int", "hopper family: the rows of q, dout and dq as laid out, the bound "
-          "of their TMA descriptors: the total rows of a variable-length batch (packed, batch "
-          "1). 0: seqlen_q", default=0),
-    Field("kv_view_rows", "int", "hopper family: the rows of k, v, dk and dv as laid out, with "
-          "q_view_rows. 0: seqlen_k", default=0),
+    Field("q_view_rows", "int", "the rows of q, dout and dq as laid out: the total rows of a "
+          "variable-length batch (packed, batch 1), which bound the hopper family's TMA "
+          "descriptors and size its packed workspaces and the mma family's. 0: seqlen_q (equal "
+          "lengths)", default=0),
+    Field("kv_view_rows", "int", "the rows of k, v, dk and dv as laid out, with q_view_rows. 0: "
+          "seqlen_k", default=0),
 )
 
 # Attention over a KV cache (the mma family's decode kind): q holds the new tokens' queries, k and

@@ -307,9 +307,32 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
         **problem_fields(tensors["q"], tensors["k"], 0.125, BAND), **DENSE_VIEWS}
 
 
+# A packed batch of three sequences (one without queries) and its longest lengths as passed.
+PACKED_Q, PACKED_K, LONGEST_Q, LONGEST_K = [70, 0, 300], [9, 130, 500], 305, 500
+
+
+def run_packed_backward(monkeypatch, launcher) -> tuple[dict, torch.Tensor, dict]:
+    """backward.run on a packed batch through a recording launcher: (the params' fields, the
+    fp32 scratch, the fields a packed batch sets)."""
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
+                  for n in (PACKED_Q, PACKED_K))
+    q_shape, kv_shape = (1, sum(PACKED_Q), HEADS, 64), (1, sum(PACKED_K), HEADS_KV, 64)
+    shapes = [q_shape, kv_shape, kv_shape, q_shape, q_shape, q_shape, kv_shape, kv_shape]
+    q, k, v, o, do, dq, dk, dv = distinct_strides(*shapes)
+    lse = torch.empty(HEADS, sum(PACKED_Q))
+    workspaces = record_empty(monkeypatch)
+    backward.run(launcher, q, k, v, o, do, lse, dq, dk, dv, 0.125, BAND, False,
+                 (cu_q, cu_k, LONGEST_Q, LONGEST_K))
+    ((params, _),) = launcher.launches
+    (scratch,) = workspaces
+    packed = {"batch": 3, "seqlen_q": LONGEST_Q, "seqlen_k": LONGEST_K,
+              "q_view_rows": sum(PACKED_Q), "kv_view_rows": sum(PACKED_K),
+              "cu_seqlens_q": cu_q.data_ptr(), "cu_seqlens_k": cu_k.data_ptr()}
+    return fields(params), scratch, packed
+
+
 @pytest.mark.parametrize("mask", ["none", "causal"])
-def test_hopper_backward_launch_lays_a_packed_batch_out_as_its_longest_lengths(
-        binding, monkeypatch, mask):
+def test_hopper_backward_launch_lays_a_packed_batch_out_by_its_rows(binding, monkeypatch, mask):
     """A variable-length batch: the grid of a dense batch of its longest lengths, the packed
     views' rows bounding the TMA descriptors, each sequence's offsets from cu_seqlens, and
     workspaces of the sequences' own query blocks: per head, the total rows plus a query block
@@ -318,32 +341,29 @@ def test_hopper_backward_launch_lays_a_packed_batch_out_as_its_longest_lengths(
     launcher = RecordingLauncher(BwdParams, family="hopper", mask=mask,
                                  tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
     monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
-    lengths_q, lengths_k = [70, 0, 300], [9, 130, 500]
-    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32)
-                  for n in (lengths_q, lengths_k))
-    q_shape, kv_shape = (1, sum(lengths_q), HEADS, 64), (1, sum(lengths_k), HEADS_KV, 64)
-    shapes = [q_shape, kv_shape, kv_shape, q_shape, q_shape, q_shape, kv_shape, kv_shape]
-    q, k, v, o, do, dq, dk, dv = distinct_strides(*shapes)
-    lse = torch.empty(HEADS, sum(lengths_q))
-    workspaces = record_empty(monkeypatch)
-    backward.run(launcher, q, k, v, o, do, lse, dq, dk, dv, 0.125, BAND, False,
-                 (cu_q, cu_k, 300 + 5, 500))
-    ((params, _),) = launcher.launches
-    (scratch,) = workspaces
-    got = fields(params)
-    assert {name: got[name] for name in ("batch", "seqlen_q", "seqlen_k", "q_view_rows",
-                                         "kv_view_rows", "cu_seqlens_q", "cu_seqlens_k")} == {
-        "batch": 3, "seqlen_q": 305, "seqlen_k": 500, "q_view_rows": sum(lengths_q),
-        "kv_view_rows": sum(lengths_k), "cu_seqlens_q": cu_q.data_ptr(),
-        "cu_seqlens_k": cu_k.data_ptr()}
-    grid = hopper.backward_grid(launcher.spec, (3, 305, HEADS, 64), (500, HEADS_KV), 0, False)
+    got, scratch, packed = run_packed_backward(monkeypatch, launcher)
+    assert {name: got[name] for name in packed} == packed
+    grid = hopper.backward_grid(launcher.spec, (3, LONGEST_Q, HEADS, 64), (LONGEST_K, HEADS_KV),
+                                0, False)
     assert {name: got[name] for name in grid._fields} == grid._asdict()
     # (without a mask 24 key blocks, all in the last wave, run in pieces)
     assert (grid.splits > 1) == (mask == "none")
-    query_blocks = HEADS * ((sum(lengths_q) + 3 * block_m) // block_m)
+    query_blocks = HEADS * ((sum(PACKED_Q) + 3 * block_m) // block_m)
     split_floats = grid.split_blocks * (2 * BLOCK_N * 64 + 1)
     assert scratch.numel() == (query_blocks * block_m * (64 + 2) + -(-query_blocks // 4) * 4
                                + split_floats)
+
+
+def test_mma_backward_launch_lays_a_packed_batch_out_by_its_rows(binding, monkeypatch):
+    """The mma family's dQ workspace and D of a packed batch: (heads, total rows), which the
+    launcher zeroes by q_view_rows, not batch x heads x the longest rows."""
+    launcher = RecordingLauncher(BwdParams, family="mma", mask="none",
+                                 tile=SimpleNamespace(block_m=64, block_n=BLOCK_N))
+    monkeypatch.setattr(mma, "backward_grid", lambda *_: schedule.BwdGrid())
+    got, scratch, packed = run_packed_backward(monkeypatch, launcher)
+    assert {name: got[name] for name in packed} == packed
+    rows = HEADS * sum(PACKED_Q)
+    assert scratch.numel() == rows * resources.padded_head_dim(64) + rows
 
 
 def test_hopper_deterministic_walks_rotate_where_heads_of_key_blocks_share_a_wave(monkeypatch):

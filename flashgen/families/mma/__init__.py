@@ -58,17 +58,16 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     into (1, total, heads, dim) views. bias_grad: a contiguous (batch, heads, seqlen_q,
     seqlen_k) fp32 tensor for the bias score modifier's gradient, or None."""
     _, _, heads, head_dim = q.shape
-    rows = q.shape[0] * heads * q.shape[1]  # of the per-row statistics and the dQ workspace
+    # Of the per-row statistics and the dQ workspace: (batch, heads, seqlen_q), or a packed
+    # batch's (heads, total rows), which the launcher zeroes by BwdParams.q_view_rows.
+    rows = q.shape[0] * heads * q.shape[1]
     batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
     if varlen:
         # Ordered and split as a dense batch of the longest lengths: blocks past a shorter
         # sequence exit, every piece of a split block alike.
         grid = backward_grid(spec, (batch, seqlen_q, heads, head_dim), (seqlen_k, k.shape[2]),
                              q.get_device(), deterministic)
-        # The kernels lay the rows out as (heads, total rows); the launcher zeroes the dQ
-        # workspace as (batch, heads, longest), which holds them when max_seqlen_q is right.
-        # The larger of the two, so that a wrong one never writes past the workspace.
-        rows = heads * max(q.shape[1], batch * seqlen_q)
+        sequences = {**sequences, "q_view_rows": q.shape[1], "kv_view_rows": k.shape[1]}
     else:
         grid = backward_grid(spec, q.shape, k.shape[1:3], q.get_device(), deterministic)
     padded_head_dim = resources.padded_head_dim(head_dim)

@@ -205,10 +205,11 @@ struct BwdParams : AttentionParams {
   // lengths, where the dK/dV kernel writes dS, the gradient of the bias it added (nullptr: none
   // wanted)
   float* attn_bias_grad;
-  // hopper family: the rows of q, dout and dq as laid out, the bound of their TMA descriptors: the
-  // total rows of a variable-length batch (packed, batch 1). 0: seqlen_q
+  // the rows of q, dout and dq as laid out: the total rows of a variable-length batch (packed,
+  // batch 1), which bound the hopper family's TMA descriptors and size its packed workspaces and
+  // the mma family's. 0: seqlen_q (equal lengths)
   int q_view_rows;
-  // hopper family: the rows of k, v, dk and dv as laid out, with q_view_rows. 0: seqlen_k
+  // the rows of k, v, dk and dv as laid out, with q_view_rows. 0: seqlen_k
   int kv_view_rows;
 };
 

@@ -57,7 +57,9 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   }
-  const size_t bytes = size_t(rows) * Traits::kHeadDimPadded * sizeof(float);
+  // dQ's workspace holds (batch, heads, seqlen_q) rows, or a packed batch's (heads, total rows).
+  const int64_t workspace_rows = p.q_view_rows > 0 ? int64_t(p.heads) * p.q_view_rows : rows;
+  const size_t bytes = size_t(workspace_rows) * Traits::kHeadDimPadded * sizeof(float);
   if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
     return err;
   }
