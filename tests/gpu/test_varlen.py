@@ -47,6 +47,27 @@ def per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast):
     return out, torch.cat(lses, dim=1), q.grad, k.grad, v.grad
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_more_sequences_than_a_helper_block_has_threads(causal, forward_family):
+    """The backward's helper kernels (D, dQ's conversion) launch over the packed rows, not over
+    a dense batch of the longest: the hopper family's find each query block's sequence 256
+    sequences at a time, so 300 take two rounds. Empty sequences among them."""
+    lengths = torch.randint(0, 60, (300,), generator=torch.Generator().manual_seed(1)).tolist()
+    lengths[150] = 700
+    torch.manual_seed(0)
+    q, k, v = (packed(lengths, heads, 128, torch.bfloat16) for heads in (4, 2, 2))
+    cu = cu_seqlens(lengths)
+    out = flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal)
+    dout = torch.randn_like(out)
+    out.backward(dout)
+    ref = per_sequence(q, k, v, lengths, lengths, causal, dout, upcast=True)
+    same_dtype = per_sequence(q, k, v, lengths, lengths, causal, dout, upcast=False)
+    assert_close_fa2(out, ref[0], same_dtype[0])
+    for name, grad, r, s in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref[2:],
+                                same_dtype[2:]):
+        assert_close_fa2(grad, r, s, name=name, eps=GRADIENT_EPS)
+
+
 @pytest.mark.parametrize("lengths", LENGTHS, ids=lambda p: f"q{len(p[0])}seqs_{sum(p[0])}")
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2)], ids=lambda h: f"h{h[0]}_hk{h[1]}")
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

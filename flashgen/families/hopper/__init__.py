@@ -38,11 +38,12 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
                   bias_grad=None):
     """(BwdArgs, the scratch they point into) for the backward kernel `spec` on aligned (batch,
     seq, heads, dim) views. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of
-    a variable-length batch packed into (1, total, heads, dim) views, whose grids are a dense
-    batch's of the longest lengths (ordered and split as one; blocks past a shorter sequence
-    exit). The kernels' fp32 scratch in one allocation, rows padded to whole query blocks per
-    (sequence, head) (QueryBlockLayout in hopper/bwd_aux.cuh: a packed batch's take its total
-    rows plus a query block per sequence, per head): the dQ workspace, D, lse * log2(e), then
+    a variable-length batch packed into (1, total, heads, dim) views, whose main kernel's grid
+    is a dense batch's of the longest lengths (ordered and split as one; blocks past a shorter
+    sequence exit) and whose helper kernels' grids run over its own query blocks. The kernels'
+    fp32 scratch in one allocation, rows padded to whole query blocks per (sequence, head)
+    (QueryBlockLayout in hopper/bwd_aux.cuh: a packed batch's take its total rows plus a query
+    block per sequence, per head): the dQ workspace, D, lse * log2(e), then
     the order of dQ's adds (deterministic: one int per query block and consumer warpgroup) or
     each query block's dQ state (padded to 16 bytes), then the split blocks' dK, dV and counters
     (BwdTraits::kSplitFloats each)."""

@@ -10,6 +10,38 @@
 
 namespace flashgen {
 
+// A variable-length batch's query blocks of kBlockM rows, per head, as FlashAttention-3's varlen
+// layout: sequence b's from block (its first row + b x kBlockM) / kBlockM, which leaves room for
+// its blocks before the next sequence's, so that a head of `rows` packed rows takes (rows + batch
+// x kBlockM) / kBlockM blocks whatever the lengths. After a sequence's blocks there may be one
+// that holds none of its rows (a gap; and past the last sequence, the packed tensors' spare
+// rows). Grids over these blocks launch none for the rows a dense batch of the longest would
+// pad each sequence to.
+template <int kBlockM>
+struct PackedQueryBlocks {
+  __host__ __device__ __forceinline__ static int64_t per_head(int64_t rows, int batch) {
+    return (rows + int64_t(batch) * kBlockM) / kBlockM;
+  }
+  // Sequence b's first block, given its first row.
+  __host__ __device__ __forceinline__ static int first(int64_t first_row, int b) {
+    return int((first_row + int64_t(b) * kBlockM) / kBlockM);
+  }
+  // The sequence whose blocks (or gap) hold block `block`: the last whose first block is at most
+  // it (the first blocks increase with the sequence), by a binary search of cu_seqlens_q.
+  __device__ __forceinline__ static int sequence(const int* cu_seqlens_q, int batch, int block) {
+    int low = 0, high = batch - 1;
+    while (low < high) {
+      const int mid = (low + high + 1) / 2;
+      if (first(cu_seqlens_q[mid], mid) <= block) {
+        low = mid;
+      } else {
+        high = mid - 1;
+      }
+    }
+    return low;
+  }
+};
+
 struct DenseSeqs {
   int batch;     // this sequence's index in the batch
   int seqlen_q;  // its query rows
@@ -41,6 +73,19 @@ struct DenseSeqs {
       stats_start = q_start;
       stats_rows = p.cu_seqlens_q[p.batch];
     }
+  }
+
+  // Every row of a variable-length batch as one sequence, from packed row 0 (the sequences' rows
+  // in turn): for per-row helpers that need no sequence's bounds, so that their grids run over
+  // the packed rows rather than a dense batch of the longest.
+  struct AllRows {};
+  template <class Params>
+  __device__ __forceinline__ DenseSeqs(Params const& p, AllRows)
+      : batch(0), packed(true), stats_start(0) {
+    seqlen_q = p.cu_seqlens_q[p.batch];
+    seqlen_k = p.cu_seqlens_k[p.batch];
+    mask_offset = 0;
+    stats_rows = seqlen_q;
   }
 
   // The (seqlen_q, kHeadDim) rows of one head of a query-side tensor (q, o, dout, dq) and the

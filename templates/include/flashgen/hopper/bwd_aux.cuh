@@ -15,25 +15,21 @@ namespace flashgen::hopper {
 
 // The row-padded per-row workspaces (D, lse * log2(e), dQ's, and a dQ state or semaphores per
 // query block) hold each (sequence, head)'s query blocks of kBlockM rows in turn: a dense batch's
-// as (batch, heads, query blocks of seqlen_q); a variable-length batch's (packed) per head, each
-// sequence from query block (its first row + its index x kBlockM) / kBlockM, which leaves room
-// for its blocks before the next sequence's (FlashAttention-3's layout), so that a head takes
-// (total rows + batch x kBlockM) / kBlockM of them whatever the lengths. Query block m_block of
-// (seq, head) is query_blocks_per_head x head + first_query_block + m_block.
+// as (batch, heads, query blocks of seqlen_q); a variable-length batch's (packed) per head as
+// PackedQueryBlocks lays them out. Query block m_block of (seq, head) is per_head x head + first
+// + m_block.
 template <int kBlockM>
 struct QueryBlockLayout {
+  using Packed = PackedQueryBlocks<kBlockM>;
   int per_head;  // query blocks per head (packed), or per (batch, head)
   int first;     // the sequence's first query block in head 0
 
   __host__ __device__ __forceinline__ static int64_t dense_per_head(BwdParams const& p) {
     return (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM;
   }
-  __host__ __device__ __forceinline__ static int64_t packed_per_head(BwdParams const& p) {
-    return (int64_t(p.q_view_rows) + int64_t(p.batch) * kBlockM) / kBlockM;
-  }
   // Every query block of the call (what the workspaces are sized for).
   __host__ __device__ __forceinline__ static int64_t total(BwdParams const& p) {
-    return p.q_view_rows > 0 ? p.heads * packed_per_head(p)
+    return p.q_view_rows > 0 ? p.heads * Packed::per_head(p.q_view_rows, p.batch)
                              : int64_t(p.batch) * p.heads * dense_per_head(p);
   }
   // (The launcher's grids bound every query block index below 2^31.)
@@ -41,10 +37,28 @@ struct QueryBlockLayout {
     if (!seq.packed) {
       return {int(dense_per_head(p)), int(seq.batch * p.heads * dense_per_head(p))};
     }
-    return {int(packed_per_head(p)), int((seq.q_start + int64_t(seq.batch) * kBlockM) / kBlockM)};
+    return {int(Packed::per_head(p.q_view_rows, p.batch)), Packed::first(seq.q_start, seq.batch)};
   }
   __device__ __forceinline__ int64_t index(int head, int m_block) const {
     return int64_t(head) * per_head + first + m_block;
+  }
+
+  // The other way: query block `index` of the workspaces as (batch, head, m_block), for the
+  // helper kernels, whose grids run over the workspaces' query blocks (total). A packed batch's
+  // index may fall in a gap: m_block is then past the sequence's rows.
+  struct At {
+    int batch, head, m_block;
+  };
+  __device__ __forceinline__ static At locate(BwdParams const& p, int64_t index) {
+    if (p.q_view_rows == 0) {
+      const int per_head = int(dense_per_head(p));
+      const int batch_head = int(index / per_head);
+      return {batch_head / p.heads, batch_head % p.heads, int(index % per_head)};
+    }
+    const int per_head = int(Packed::per_head(p.q_view_rows, p.batch));
+    const int block = int(index % per_head);
+    const int batch = Packed::sequence(p.cu_seqlens_q, p.batch, block);
+    return {batch, int(index / per_head), block - Packed::first(p.cu_seqlens_q[batch], batch)};
   }
 };
 
@@ -65,9 +79,14 @@ __device__ __forceinline__ bool dq_written(BwdParams const& p, int64_t query_blo
 }
 
 // Per (batch, head), rows padded to whole query blocks: D (0 past the sequence) and lse * log2(e)
-// (+inf past the sequence and for rows that saw no key, so that their P is 0). Each block also
-// zeroes its query blocks' dQ states (stores_first_dq), or else its rows' share of the dQ
-// workspace: a query block's floats are contiguous, so the blocks' row ranges tile it.
+// (+inf past the sequence and for rows that saw no key, so that their P is 0). kPrepareBlocks
+// thread blocks per query block of the workspaces (QueryBlockLayout::total), each of
+// kDRowsPerBlock rows; each also zeroes its query block's dQ state (stores_first_dq), or else
+// its rows of the dQ workspace (a query block's floats are contiguous).
+template <class Traits>
+constexpr int kPrepareBlocks =
+    (Traits::kBlockM + kDRowsPerBlock<Traits::kHeadDim> - 1) / kDRowsPerBlock<Traits::kHeadDim>;
+
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParams p) {
   using Element = typename Traits::Element;
@@ -75,33 +94,30 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   constexpr int kLanes = softmax_d_lanes(kHeadDim);
   constexpr int kRows = kDRowsPerBlock<kHeadDim>;
   constexpr int kBlockM = Traits::kBlockM;
-  // The grid covers the longest sequence's rows for each (sequence, head); each sequence's own
-  // rows, padded to whole query blocks (at most the longest's), are written.
-  const int longest_rows = (p.seqlen_q + kBlockM - 1) / kBlockM * kBlockM;
-  const int blocks_per_head = (longest_rows + kRows - 1) / kRows;
-  const int batch_head = int(blockIdx.x) / blocks_per_head;
-  const int first_row = int(blockIdx.x) % blocks_per_head * kRows;
-  const int row = first_row + int(threadIdx.x) / kLanes;
-  const DenseSeqs seq(p, batch_head / p.heads);
-  const int head = batch_head % p.heads;
-  const int padded_rows =
-      min(longest_rows, (seq.seqlen_q + kBlockM - 1) / kBlockM * kBlockM);
-  if (first_row >= padded_rows) return;
-  const int64_t first = QueryBlockLayout<kBlockM>::of(p, seq).index(head, 0) * kBlockM;
+  const int64_t query_block = int64_t(blockIdx.x) / kPrepareBlocks<Traits>;
+  const int first_row = int(blockIdx.x) % kPrepareBlocks<Traits> * kRows;  // in the query block
+  const auto at = QueryBlockLayout<kBlockM>::locate(p, query_block);
+  const DenseSeqs seq(p, at.batch);
+  // (A sequence longer than the longest the caller gave is cut to it, as the main kernel does.)
+  if (at.m_block * kBlockM >= min(seq.seqlen_q, p.seqlen_q)) return;
+  const int block_row = first_row + int(threadIdx.x) / kLanes;
+  const int row = at.m_block * kBlockM + block_row;
   const bool inside = row < seq.seqlen_q;
-  const float d = softmax_d_row<Element, kHeadDim>(p, seq, head, row, inside);
-  if (row < padded_rows && int(threadIdx.x) % kLanes == 0) {
-    const float lse = inside ? p.softmax_lse[seq.row_stats_offset(p.heads, head) + row] : -INFINITY;
-    const int64_t at = first + row;
-    p.softmax_d[at] = d;
-    p.softmax_lse_log2[at] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
-    if (stores_first_dq<Traits>(p) && p.dq_state != nullptr && row % kBlockM == 0) {
-      p.dq_state[at / kBlockM] = 0;
+  const float d = softmax_d_row<Element, kHeadDim>(p, seq, at.head, row, inside);
+  if (block_row < kBlockM && int(threadIdx.x) % kLanes == 0) {
+    const float lse =
+        inside ? p.softmax_lse[seq.row_stats_offset(p.heads, at.head) + row] : -INFINITY;
+    const int64_t stats_row = query_block * kBlockM + block_row;
+    p.softmax_d[stats_row] = d;
+    p.softmax_lse_log2[stats_row] = lse == -INFINITY ? INFINITY : lse * float(M_LOG2E);
+    if (stores_first_dq<Traits>(p) && p.dq_state != nullptr && block_row == 0) {
+      p.dq_state[query_block] = 0;
     }
   }
   if (stores_first_dq<Traits>(p)) return;
-  const int rows = min(kRows, padded_rows - first_row);
-  float4* dq = reinterpret_cast<float4*>(p.dq_accum + (first + first_row) * kHeadDim);
+  const int rows = min(kRows, kBlockM - first_row);
+  float4* dq =
+      reinterpret_cast<float4*>(p.dq_accum + (query_block * kBlockM + first_row) * kHeadDim);
   for (int i = int(threadIdx.x); i < rows * kHeadDim / 4; i += kAuxThreads) {
     dq[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
@@ -141,15 +157,14 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
   constexpr int kBlock4 = (Convert::kPerShare ? Traits::dq_floats(0) : Traits::kDqBlockFloats) / 4;
   constexpr int kStride = Convert::kStride;
   __shared__ alignas(16) float tile[kBlockM * kStride];
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;  // of the longest sequence
-  const int grid_block = int(blockIdx.x) / Convert::kBlocksPerQueryBlock;  // (batch, head, m)
+  // kBlocksPerQueryBlock thread blocks per query block of the workspaces.
+  const int64_t query_block = int64_t(blockIdx.x) / Convert::kBlocksPerQueryBlock;
   const int first_share = int(blockIdx.x) % Convert::kBlocksPerQueryBlock;
-  const int batch_head = grid_block / m_blocks;
-  const int row0 = grid_block % m_blocks * kBlockM;
-  const DenseSeqs seq(p, batch_head / p.heads);
-  if (row0 >= seq.seqlen_q) return;
-  const int head = batch_head % p.heads;
-  const int64_t query_block = QueryBlockLayout<kBlockM>::of(p, seq).index(head, row0 / kBlockM);
+  const auto at = QueryBlockLayout<kBlockM>::locate(p, query_block);
+  const DenseSeqs seq(p, at.batch);
+  const int row0 = at.m_block * kBlockM;
+  if (row0 >= min(seq.seqlen_q, p.seqlen_q)) return;  // (cut as the prepare kernel does)
+  const int head = at.head;
   const float4* in = reinterpret_cast<const float4*>(
       p.dq_accum + query_block * Traits::kDqBlockFloats + Traits::dq_offset(first_share));
   // (A query block no key block reached has zero gradients.)

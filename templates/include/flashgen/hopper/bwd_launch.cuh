@@ -51,11 +51,12 @@ auto make_bwd_tmas(const BwdParams& p) {
 }
 
 // Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of
-// common/dropout.cuh. The grids cover (batch, head) of the longest lengths, seqlen_q and
-// seqlen_k: a variable-length batch (cu_seqlens_q, packed with q_view_rows and kv_view_rows set)
-// as a dense batch of those, its blocks past a shorter sequence's rows exiting at once (every
-// piece of a split one alike; a piece's steps are its share of its own sequence's walk), while
-// the workspaces hold only each sequence's own query blocks (QueryBlockLayout).
+// common/dropout.cuh. The main kernel's grid covers (batch, KV head) of the longest lengths,
+// seqlen_q and seqlen_k: a variable-length batch (cu_seqlens_q, packed with q_view_rows and
+// kv_view_rows set) as a dense batch of those, its blocks past a shorter sequence's rows exiting
+// at once (every piece of a split one alike; a piece's steps are its share of its own
+// sequence's walk). The workspaces hold only each sequence's own query blocks
+// (QueryBlockLayout), and the helper kernels' grids run over those.
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   constexpr int kBlockM = Traits::kBlockM;
@@ -65,13 +66,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   }
   // Empty inputs have trivial gradients; the caller fills them.
   if (int64_t(p.batch) * p.heads * p.seqlen_q == 0 || p.seqlen_k == 0) return cudaSuccess;
-  // The grids' (batch, head, query block)s of the longest lengths; the workspaces' query blocks.
-  const int64_t query_blocks =
-      (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
   const int64_t workspace_query_blocks = QueryBlockLayout<kBlockM>::total(p);
-  const int64_t rows_per_head = (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * kBlockM;
-  const int64_t prepare_grid = (rows_per_head + kDRowsPerBlock<Traits::kHeadDim> - 1) /
-                               kDRowsPerBlock<Traits::kHeadDim> * p.batch * p.heads;
+  const int64_t prepare_grid = workspace_query_blocks * kPrepareBlocks<Traits>;
   const int64_t key_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                              p.batch * p.heads_kv;
   if (p.split_blocks < 0 || p.split_blocks > key_blocks || p.splits < 1 ||
@@ -81,7 +77,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   // The last split_blocks key blocks run as `splits` pieces each (grid_piece).
   const bool split = p.split_blocks > 0 && p.splits > 1;
   const int64_t grid_blocks = key_blocks + (split ? int64_t(p.split_blocks) * (p.splits - 1) : 0);
-  const int64_t convert_blocks = query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock;
+  const int64_t convert_blocks = workspace_query_blocks * DqConvert<Traits>::kBlocksPerQueryBlock;
   // (workspace_query_blocks: the kernels index query blocks in 32 bits.)
   for (int64_t blocks : {prepare_grid, grid_blocks, convert_blocks, workspace_query_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;

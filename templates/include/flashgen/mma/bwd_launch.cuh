@@ -21,8 +21,14 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
   // Empty inputs have trivial gradients; the caller fills them.
   if (rows == 0 || p.seqlen_k == 0) return cudaSuccess;
-  const int64_t d_blocks = (int64_t(p.seqlen_q) + kDRowsPerBlock<kHeadDim> - 1) /
-                           kDRowsPerBlock<kHeadDim> * p.batch * p.heads;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  if (packed != (p.q_view_rows > 0)) return cudaErrorInvalidValue;
+  // The per-row helpers' rows (mma/bwd_aux.cuh): (batch, heads, seqlen_q), or a packed batch's
+  // (heads, its rows).
+  const int64_t aux_heads = int64_t(aux_grid_batch(p)) * p.heads;
+  const int64_t aux_rows = aux_heads * aux_grid_rows(p);
+  const int64_t d_blocks =
+      (aux_grid_rows(p) + kDRowsPerBlock<kHeadDim> - 1) / kDRowsPerBlock<kHeadDim> * aux_heads;
   const int64_t n_blocks = (int64_t(p.seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN *
                            p.batch * p.heads_kv;
   if (p.split_blocks < 0 || p.split_blocks > n_blocks || p.splits < 1) {
@@ -32,7 +38,7 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
   const int64_t dkdv_blocks = n_blocks + (split ? int64_t(p.split_blocks) * (p.splits - 1) : 0);
   const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM *
                            p.batch * p.heads;
-  const int64_t convert_blocks = (rows * (kHeadDim / 8) + kAuxThreads - 1) / kAuxThreads;
+  const int64_t convert_blocks = (aux_rows * (kHeadDim / 8) + kAuxThreads - 1) / kAuxThreads;
   for (int64_t blocks : {d_blocks, dkdv_blocks, m_blocks, convert_blocks}) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
@@ -57,9 +63,8 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
     return cudaGetLastError();
   }
-  // dQ's workspace holds (batch, heads, seqlen_q) rows, or a packed batch's (heads, total rows).
-  const int64_t workspace_rows = p.q_view_rows > 0 ? int64_t(p.heads) * p.q_view_rows : rows;
-  const size_t bytes = size_t(workspace_rows) * Traits::kHeadDimPadded * sizeof(float);
+  // dQ's workspace holds the per-row helpers' rows.
+  const size_t bytes = size_t(aux_rows) * Traits::kHeadDimPadded * sizeof(float);
   if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
     return err;
   }
