@@ -80,8 +80,12 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
 // common/dropout.cuh.
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  const int64_t m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t blocks = m_blocks * p.batch * p.heads;
+  const bool packed = p.cu_seqlens_q != nullptr;
+  if (packed && p.q_view_rows <= 0) return cudaErrorInvalidValue;  // (its tiles count its rows)
+  // (A packed batch without sequences has nothing to compute.)
+  const int64_t blocks = int64_t(p.batch) * p.heads * p.seqlen_q == 0
+                             ? 0
+                             : TileCoord<Traits::kBlockM>::tiles(p, packed);
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 
