@@ -80,12 +80,12 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
 // common/dropout.cuh.
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  const bool packed = p.cu_seqlens_q != nullptr;
-  if (packed && p.q_view_rows <= 0) return cudaErrorInvalidValue;  // (its tiles count its rows)
-  // (A packed batch without sequences has nothing to compute.)
-  const int64_t blocks = int64_t(p.batch) * p.heads * p.seqlen_q == 0
-                             ? 0
-                             : TileCoord<Traits::kBlockM>::tiles(p, packed);
+  constexpr int kBlockM = Traits::kBlockM;
+  // (A packed batch's tiles count its rows.)
+  if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
+  // (None where the batch or its longest sequence is empty: packed tiles must be fewer.)
+  const int64_t blocks = TileCoord::packed<kBlockM>(p) ? TileCoord::packed_tiles<kBlockM>(p)
+                                                       : TileCoord::dense_tiles<kBlockM>(p);
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 
