@@ -17,6 +17,11 @@ namespace flashgen {
 // that holds none of its rows (a gap; and past the last sequence, the packed tensors' spare
 // rows). Grids over these blocks launch none for the rows a dense batch of the longest would
 // pad each sequence to.
+// A forward's tile: one query block of one (sequence, head).
+struct QueryTile {
+  int m_block, head, batch;
+};
+
 template <int kBlockM>
 struct PackedQueryBlocks {
   __host__ __device__ __forceinline__ static int64_t per_head(int64_t rows, int batch) {
@@ -39,6 +44,36 @@ struct PackedQueryBlocks {
       }
     }
     return low;
+  }
+
+  // A forward's tiles over a variable-length batch (cu_seqlens_q set) are those of a dense batch
+  // of the longest lengths, or, where they are fewer (use_tiles), each sequence's blocks here
+  // for each head in turn: a grid of those launches no tile past a shorter sequence's rows, but
+  // equal lengths, whose dense tiles have none, would run a gap's tile per sequence and head.
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t tiles(Params const& p) {
+    return per_head(p.q_view_rows, p.batch) * p.heads;
+  }
+  template <class Params>
+  __host__ __device__ __forceinline__ static bool use_tiles(Params const& p) {
+    return p.cu_seqlens_q != nullptr &&
+           tiles(p) < (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
+  }
+  // Tile `index` of those, its sequence's blocks last first where longest_first. A gap's m_block
+  // is past its sequence's rows.
+  template <class Params>
+  __device__ __forceinline__ static QueryTile tile(Params const& p, int index,
+                                                   bool longest_first) {
+    const int batch = sequence(p.cu_seqlens_q, p.batch, index / p.heads);
+    const int first_row = p.cu_seqlens_q[batch];
+    const int first_block = first(first_row, batch);
+    const int blocks = (batch + 1 < p.batch ? first(p.cu_seqlens_q[batch + 1], batch + 1)
+                                            : int(per_head(p.q_view_rows, p.batch))) -
+                       first_block;  // the sequence's, and a gap
+    const int own = index - first_block * p.heads;
+    const int m = own % blocks;
+    const int m_blocks = (p.cu_seqlens_q[batch + 1] - first_row + kBlockM - 1) / kBlockM;
+    return {longest_first && m < m_blocks ? m_blocks - 1 - m : m, own / blocks, batch};
   }
 };
 

@@ -33,50 +33,14 @@ constexpr int kEpilogueBarrier = 4;
 
 // Which (query block, head, batch) a thread block computes: a (batch, head)'s query blocks run
 // together, so they share its K and V in L2. Under a mask that hides keys they run longest first
-// (last query block first), so the short ones fill the last wave.
-struct TileCoord {
-  int m_block, head, batch;
-
-  template <bool kLongestFirst>
-  __device__ __forceinline__ static TileCoord of(int index, int m_blocks, int heads) {
-    const int m = index % m_blocks;
-    const int bh = index / m_blocks;
-    return {kLongestFirst ? m_blocks - 1 - m : m, bh % heads, bh / heads};
-  }
-
-  // A variable-length batch's tiles (cu_seqlens_q set) are those of a dense batch of the longest
-  // lengths, or, where they are fewer, each sequence's PackedQueryBlocks blocks (those of its
-  // rows and a gap, or the packed tensors' spare rows after the last) for each head in turn: a
-  // grid of those launches no tile past a shorter sequence's rows, but equal lengths, whose
-  // dense tiles have none, would run a gap's tile per sequence and head. A gap's tile is past its
-  // sequence's rows (past_end).
-  template <int kBlockM>
-  __host__ __device__ __forceinline__ static int64_t packed_tiles(FwdParams const& p) {
-    return PackedQueryBlocks<kBlockM>::per_head(p.q_view_rows, p.batch) * p.heads;
-  }
-  template <int kBlockM>
-  __host__ __device__ __forceinline__ static int64_t dense_tiles(FwdParams const& p) {
-    return (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
-  }
-  template <int kBlockM>
-  __host__ __device__ __forceinline__ static bool packed(FwdParams const& p) {
-    return p.cu_seqlens_q != nullptr && packed_tiles<kBlockM>(p) < dense_tiles<kBlockM>(p);
-  }
-  template <int kBlockM, bool kLongestFirst>
-  __device__ __forceinline__ static TileCoord of_packed(FwdParams const& p, int index) {
-    using Packed = PackedQueryBlocks<kBlockM>;
-    const int batch = Packed::sequence(p.cu_seqlens_q, p.batch, index / p.heads);
-    const int first_row = p.cu_seqlens_q[batch];
-    const int first = Packed::first(first_row, batch);
-    const int blocks = (batch + 1 < p.batch ? Packed::first(p.cu_seqlens_q[batch + 1], batch + 1)
-                                            : int(Packed::per_head(p.q_view_rows, p.batch))) -
-                       first;  // the sequence's, and a gap
-    const int own = index - first * p.heads;
-    const int m = own % blocks;
-    const int m_blocks = (p.cu_seqlens_q[batch + 1] - first_row + kBlockM - 1) / kBlockM;
-    return {kLongestFirst && m < m_blocks ? m_blocks - 1 - m : m, own / blocks, batch};
-  }
-};
+// (last query block first), so the short ones fill the last wave. A variable-length batch's may
+// be its own query blocks instead (PackedQueryBlocks::use_tiles).
+template <bool kLongestFirst>
+__device__ __forceinline__ QueryTile dense_tile(int index, int m_blocks, int heads) {
+  const int m = index % m_blocks;
+  const int bh = index / m_blocks;
+  return {kLongestFirst ? m_blocks - 1 - m : m, bh % heads, bh / heads};
+}
 
 // The tiles a block walks: its first is blockIdx.x; each next one is claimed from the params'
 // tile counter where there is one (blocks then take tiles in index order as they free up, so
@@ -232,15 +196,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // Producer and consumers walk the same tiles (next_tile, TileHandoff) and make the same
   // decisions from them.
+  using Packed = PackedQueryBlocks<kBlockM>;
   const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const bool packed = !kDense && TileCoord::packed<kBlockM>(p);
-  const int tiles =
-      packed ? int(TileCoord::packed_tiles<kBlockM>(p)) : m_blocks * p.heads * p.batch;
+  const bool packed = !kDense && Packed::use_tiles(p);
+  const int tiles = packed ? int(Packed::tiles(p)) : m_blocks * p.heads * p.batch;
   // Over a KV cache a sequence sees its cached keys and the appended ones, masked bottom-right.
   const bool reads_cache = !kDense && (p.cache_seqlens != nullptr ||
                                         p.cache_batch_idx != nullptr || p.block_table != nullptr);
   struct Work {
-    TileCoord tile;
+    QueryTile tile;
     DenseSeqs seq;
     TmaRows<kBlockN> rows;
     Mask mask;
@@ -255,9 +219,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
   };
   auto work_of = [&](int index) {
-    const TileCoord tile =
-        packed ? TileCoord::of_packed<kBlockM, Mask::kHidesKeys>(p, index)
-               : TileCoord::of<Mask::kHidesKeys>(index, m_blocks, p.heads);
+    const QueryTile tile = packed ? Packed::tile(p, index, Mask::kHidesKeys)
+                                  : dense_tile<Mask::kHidesKeys>(index, m_blocks, p.heads);
     DenseSeqs seq(p, tile.batch);
     if (reads_cache) {
       seq.seqlen_k = CachedKeys(p, tile.batch).seqlen_k;

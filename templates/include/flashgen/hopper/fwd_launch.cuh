@@ -47,7 +47,7 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
   // With an own output buffer a block walks tiles, loading each next tile's Q under the last
   // one's output, on one block per SM: without a mask every tile costs the same, so they are
   // dealt out statically; under a mask that hides keys they differ, so blocks claim them in order
-  // (longest first within a (batch, head), TileCoord) from the params' tile counter, zeroed
+  // (longest first within a (batch, head), dense_tile) from the params' tile counter, zeroed
   // here; without a counter from the caller, one block per tile. Without an own output buffer a
   // walking block gains nothing over a fresh one: one block per tile, which the kernel assumes
   // there (a tile without keys stages its output over Q).
@@ -80,12 +80,14 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
 // common/dropout.cuh.
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  constexpr int kBlockM = Traits::kBlockM;
+  using Packed = PackedQueryBlocks<Traits::kBlockM>;
   // (A packed batch's tiles count its rows.)
   if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
   // (None where the batch or its longest sequence is empty: packed tiles must be fewer.)
-  const int64_t blocks = TileCoord::packed<kBlockM>(p) ? TileCoord::packed_tiles<kBlockM>(p)
-                                                       : TileCoord::dense_tiles<kBlockM>(p);
+  const int64_t blocks =
+      Packed::use_tiles(p)
+          ? Packed::tiles(p)
+          : (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM * p.batch * p.heads;
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 

@@ -40,14 +40,22 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   const int tid = threadIdx.x;
 
   // A 1-D grid (no 65535 limit on batch * heads) in the order block_order.cuh describes. The
-  // last query block ranks first: under causal masking it has the most work.
-  const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const BlockWork work = block_work(int(blockIdx.x), num_m_blocks, p.batch * p.heads,
-                                    p.ranks_per_round);
-  const int m_block = num_m_blocks - 1 - work.rank;
-  const int head = work.batch_head % p.heads;
+  // last query block ranks first: under causal masking it has the most work. A variable-length
+  // batch's grid may be its own query blocks instead, each sequence's last first
+  // (PackedQueryBlocks::use_tiles).
+  QueryTile tile;
+  if (PackedQueryBlocks<kBlockM>::use_tiles(p)) {
+    tile = PackedQueryBlocks<kBlockM>::tile(p, int(blockIdx.x), true);
+  } else {
+    const int num_m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    const BlockWork work = block_work(int(blockIdx.x), num_m_blocks, p.batch * p.heads,
+                                      p.ranks_per_round);
+    tile = {num_m_blocks - 1 - work.rank, work.batch_head % p.heads, work.batch_head / p.heads};
+  }
+  const int m_block = tile.m_block;
+  const int head = tile.head;
   const int head_kv = head / (p.heads / p.heads_kv);
-  const Seqs seq(p, work.batch_head / p.heads);
+  const Seqs seq(p, tile.batch);
   const Mask mask = Mask(p, seq.batch, seq.seqlen_k, seq.mask_offset).for_head(head);
   const ScoreMod score_mod(p, seq.batch, head, seq.mask_offset);
   const Dropout dropout(p, seq.batch, head);
