@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/seqinfo.cuh"
 #include "flashgen/common/softmax_d.cuh"

@@ -16,6 +16,7 @@
 
 #include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
+#include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/dropout.cuh"
 #include "flashgen/common/score_mod.cuh"

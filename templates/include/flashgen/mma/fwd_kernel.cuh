@@ -12,6 +12,7 @@
 #include "flashgen/mma/fwd_traits.cuh"
 #include "flashgen/mma/gemm.cuh"
 #include "flashgen/common/mask.cuh"
+#include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"

@@ -1,0 +1,132 @@
+"""A variable-length batch's packed query blocks (common/packed_blocks.cuh, compiled for the host
+with the C++ compiler, called through ctypes): the forwards' tiles over them and the rule that
+picks them over a dense batch's."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import shutil
+import subprocess
+
+import pytest
+
+from codegen import paths
+
+BLOCKS = (128, 80)  # the forwards' and the hopper backward's query blocks
+
+DECODER = """
+#include "flashgen/common/packed_blocks.cuh"
+struct Params {
+  const int* cu_seqlens_q;
+  int batch, heads, seqlen_q, q_view_rows;
+};
+#define EXPORT(M)                                                                              \\
+  extern "C" void tile_##M(const int* cu, int batch, int heads, int seqlen_q, int rows,       \\
+                           int index, int longest_first, int* out) {                          \\
+    const Params p{cu, batch, heads, seqlen_q, rows};                                          \\
+    const flashgen::QueryTile t =                                                              \\
+        flashgen::PackedQueryBlocks<M>::tile(p, index, longest_first != 0);                    \\
+    out[0] = t.m_block;                                                                        \\
+    out[1] = t.head;                                                                           \\
+    out[2] = t.batch;                                                                          \\
+  }                                                                                            \\
+  extern "C" long long tiles_##M(const int* cu, int batch, int heads, int seqlen_q, int rows) { \\
+    return flashgen::PackedQueryBlocks<M>::tiles(Params{cu, batch, heads, seqlen_q, rows});    \\
+  }                                                                                            \\
+  extern "C" int use_tiles_##M(const int* cu, int batch, int heads, int seqlen_q, int rows) {  \\
+    return flashgen::PackedQueryBlocks<M>::use_tiles(Params{cu, batch, heads, seqlen_q, rows}); \\
+  }
+EXPORT(128)
+EXPORT(80)
+"""
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        pytest.skip("no host C++ compiler")
+    folder = tmp_path_factory.mktemp("packed_blocks")
+    (folder / "decode.cpp").write_text(DECODER)
+    library = folder / "decode.so"
+    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
+                    "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
+                    str(folder / "decode.cpp"), "-o", str(library)], check=True)
+    return ctypes.CDLL(str(library))
+
+
+class Batch:
+    """A packed batch's lengths as the C++ side sees them, with `spare` rows after the last."""
+
+    def __init__(self, decoder, block_m: int, lengths: list[int], heads: int, spare: int = 0):
+        self.block_m, self.lengths, self.heads = block_m, lengths, heads
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        self.cu = (ctypes.c_int * len(starts))(*starts)
+        self.args = (self.cu, len(lengths), heads, max(lengths), starts[-1] + spare)
+        self.tiles_fn = getattr(decoder, f"tiles_{block_m}")
+        self.tiles_fn.restype = ctypes.c_longlong
+        self.tile_fn = getattr(decoder, f"tile_{block_m}")
+        self.use_fn = getattr(decoder, f"use_tiles_{block_m}")
+
+    def tiles(self) -> int:
+        return self.tiles_fn(*self.args)
+
+    def tile(self, index: int, longest_first: bool) -> tuple[int, int, int]:
+        out = (ctypes.c_int * 3)()
+        self.tile_fn(*self.args, index, int(longest_first), out)
+        return tuple(out)
+
+    def use_tiles(self) -> bool:
+        return bool(self.use_fn(*self.args))
+
+    def query_blocks(self, sequence: int) -> int:
+        return -(-self.lengths[sequence] // self.block_m)
+
+
+@pytest.mark.parametrize("block_m", BLOCKS)
+@pytest.mark.parametrize("spare", [0, 300])
+@pytest.mark.parametrize("seed", range(4))
+def test_every_query_block_is_one_tile_and_the_rest_lie_past_their_sequence(decoder, block_m,
+                                                                           spare, seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([0, 1, block_m, block_m + 1, rng.randrange(1, 9 * block_m)])
+               for _ in range(rng.randrange(1, 40))]
+    batch = Batch(decoder, block_m, lengths, heads=3, spare=spare)
+    for longest_first in (False, True):
+        seen, gaps = [], {}
+        for index in range(batch.tiles()):
+            m_block, head, sequence = batch.tile(index, longest_first)
+            assert 0 <= sequence < len(lengths) and 0 <= head < 3
+            if m_block < batch.query_blocks(sequence):
+                seen.append((sequence, head, m_block))
+            else:
+                gaps[sequence, head] = gaps.get((sequence, head), 0) + 1
+        every_block = [(s, h, m) for s in range(len(lengths)) for h in range(3)
+                       for m in range(batch.query_blocks(s))]
+        assert sorted(seen) == every_block
+        # one gap at most after each sequence's blocks, besides the spare rows after the last
+        last = len(lengths) - 1
+        assert all(n <= 1 for (s, _), n in gaps.items() if s != last)
+
+
+def test_a_sequences_blocks_run_together_last_first(decoder):
+    batch = Batch(decoder, 128, [300, 0, 1000], heads=2)
+    order = [batch.tile(i, longest_first=True) for i in range(batch.tiles())]
+    real = [t for t in order if t[0] < batch.query_blocks(t[2])]
+    assert real == [(2, 0, 0), (1, 0, 0), (0, 0, 0), (2, 1, 0), (1, 1, 0), (0, 1, 0),
+                    (7, 0, 2), (6, 0, 2), (5, 0, 2), (4, 0, 2), (3, 0, 2), (2, 0, 2),
+                    (1, 0, 2), (0, 0, 2), (7, 1, 2), (6, 1, 2), (5, 1, 2), (4, 1, 2),
+                    (3, 1, 2), (2, 1, 2), (1, 1, 2), (0, 1, 2)]
+
+
+def test_equal_lengths_keep_the_dense_tiles_and_skewed_ones_take_their_own(decoder):
+    """A dense batch of equal lengths has no tile past a sequence; the packed tiles would add a
+    gap per sequence and head. Beside one long sequence, short ones would leave the dense
+    batch's tiles mostly empty."""
+    assert not Batch(decoder, 128, [2048] * 8, heads=16).use_tiles()
+    assert Batch(decoder, 128, [8192] + [300] * 62, heads=32).use_tiles()
+    assert Batch(decoder, 80, [8192] + [1] * 62, heads=32).use_tiles()
