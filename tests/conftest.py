@@ -1,3 +1,8 @@
+import ctypes
+import os
+import shutil
+import subprocess
+
 import pytest
 
 
@@ -21,3 +26,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def host_library(tmp_path_factory):
+    """host_library(name, source): C++ source that includes flashgen headers, compiled for the
+    host with the C++ compiler ($CXX; the CUDA qualifiers defined away) into a shared library and
+    loaded through ctypes. Skips where there is no host compiler."""
+    from codegen import paths
+
+    def build(name: str, source: str) -> ctypes.CDLL:
+        compiler = os.environ.get("CXX", "c++")
+        if shutil.which(compiler) is None:
+            pytest.skip("no host C++ compiler")
+        folder = tmp_path_factory.mktemp(name)
+        (folder / f"{name}.cpp").write_text(source)
+        library = folder / f"{name}.so"
+        subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
+                        "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
+                        str(folder / f"{name}.cpp"), "-o", str(library)], check=True)
+        return ctypes.CDLL(str(library))
+
+    return build

@@ -1,18 +1,13 @@
 """A variable-length batch's packed query blocks (common/packed_blocks.cuh, compiled for the host
-with the C++ compiler, called through ctypes): the forwards' tiles over them and the rule that
-picks them over a dense batch's."""
+by conftest's host_library): the forwards' tiles over them and the rule that picks them over a
+dense batch's."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 import random
-import shutil
-import subprocess
 
 import pytest
-
-from codegen import paths
 
 BLOCKS = (128, 80)  # the forwards' and the hopper backward's query blocks
 
@@ -44,17 +39,8 @@ EXPORT(80)
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        pytest.skip("no host C++ compiler")
-    folder = tmp_path_factory.mktemp("packed_blocks")
-    (folder / "decode.cpp").write_text(DECODER)
-    library = folder / "decode.so"
-    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
-                    "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
-                    str(folder / "decode.cpp"), "-o", str(library)], check=True)
-    return ctypes.CDLL(str(library))
+def decoder(host_library):
+    return host_library("packed_blocks", DECODER)
 
 
 class Batch:

@@ -1,17 +1,13 @@
 """The grids' orders: schedule.py's choices, and common/block_order.cuh's decoding of them
-(compiled for the host with the C++ compiler, called through ctypes)."""
+(compiled for the host by conftest's host_library, called through ctypes)."""
 
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from codegen import paths
 from codegen.masks import MASKS
 from flashgen import schedule
 
@@ -102,17 +98,8 @@ def test_a_spec_has_a_rank_per_query_block():
 
 
 @pytest.fixture(scope="module")
-def decoder(tmp_path_factory):
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        pytest.skip("no host C++ compiler")
-    folder = tmp_path_factory.mktemp("block_order")
-    (folder / "decode.cpp").write_text(DECODER)
-    library = folder / "decode.so"
-    subprocess.run([compiler, "-O1", "-shared", "-fPIC", "-D__host__=", "-D__device__=",
-                    "-D__forceinline__=inline", f"-I{paths.INCLUDE_DIR}",
-                    str(folder / "decode.cpp"), "-o", str(library)], check=True)
-    return ctypes.CDLL(str(library))
+def decoder(host_library):
+    return host_library("block_order", DECODER)
 
 
 def decoded(function):
