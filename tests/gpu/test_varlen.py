@@ -48,10 +48,10 @@ def per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_more_sequences_than_a_helper_block_has_threads(causal, forward_family):
-    """The backward's helper kernels (D, dQ's conversion) launch over the packed rows, not over
-    a dense batch of the longest: the hopper family's find each query block's sequence 256
-    sequences at a time, so 300 take two rounds. Empty sequences among them."""
+def test_more_sequences_and_empty_ones_find_their_own_blocks(causal, forward_family):
+    """The backward's helper kernels (D, dQ's conversion) and the forward launch over the
+    batch's own query blocks, not over a dense batch of the longest: each block finds its
+    sequence by a binary search of cu_seqlens_q, here among 300, empty ones among them."""
     lengths = torch.randint(0, 60, (300,), generator=torch.Generator().manual_seed(1)).tolist()
     lengths[150] = 700
     torch.manual_seed(0)
