@@ -32,6 +32,10 @@ struct Params {
   }                                                                                            \\
   extern "C" int use_tiles_##M(const int* cu, int batch, int heads, int seqlen_q, int rows) {  \\
     return flashgen::PackedQueryBlocks<M>::use_tiles(Params{cu, batch, heads, seqlen_q, rows}); \\
+  }                                                                                            \\
+  extern "C" long long grid_tiles_##M(const int* cu, int batch, int heads, int seqlen_q,       \\
+                                      int rows) {                                              \\
+    return flashgen::PackedQueryBlocks<M>::grid_tiles(Params{cu, batch, heads, seqlen_q, rows}); \\
   }
 EXPORT(128)
 EXPORT(80)
@@ -57,6 +61,8 @@ class Batch:
         self.tiles_fn.restype = ctypes.c_longlong
         self.tile_fn = getattr(decoder, f"tile_{block_m}")
         self.use_fn = getattr(decoder, f"use_tiles_{block_m}")
+        self.grid_fn = getattr(decoder, f"grid_tiles_{block_m}")
+        self.grid_fn.restype = ctypes.c_longlong
 
     def tiles(self) -> int:
         return self.tiles_fn(*self.args)
@@ -68,6 +74,12 @@ class Batch:
 
     def use_tiles(self) -> bool:
         return bool(self.use_fn(*self.args))
+
+    def grid_tiles(self) -> int:
+        return self.grid_fn(*self.args)
+
+    def dense_tiles(self) -> int:
+        return -(-max(self.lengths) // self.block_m) * len(self.lengths) * self.heads
 
     def query_blocks(self, sequence: int) -> int:
         return -(-self.lengths[sequence] // self.block_m)
@@ -113,6 +125,14 @@ def test_equal_lengths_keep_the_dense_tiles_and_skewed_ones_take_their_own(decod
     """A dense batch of equal lengths has no tile past a sequence; the packed tiles would add a
     gap per sequence and head. Beside one long sequence, short ones would leave the dense
     batch's tiles mostly empty."""
-    assert not Batch(decoder, 128, [2048] * 8, heads=16).use_tiles()
-    assert Batch(decoder, 128, [8192] + [300] * 62, heads=32).use_tiles()
-    assert Batch(decoder, 80, [8192] + [1] * 62, heads=32).use_tiles()
+    equal = Batch(decoder, 128, [2048] * 8, heads=16)
+    assert not equal.use_tiles()
+    assert equal.grid_tiles() == equal.dense_tiles() == 16 * 8 * 16
+    for skewed in (Batch(decoder, 128, [8192] + [300] * 62, heads=32),
+                   Batch(decoder, 80, [8192] + [1] * 62, heads=32)):
+        assert skewed.use_tiles()
+        assert skewed.grid_tiles() == skewed.tiles() < skewed.dense_tiles()
+
+
+def test_a_batch_of_empty_sequences_launches_no_tile(decoder):
+    assert Batch(decoder, 128, [0, 0, 0], heads=8, spare=5).grid_tiles() == 0

@@ -53,9 +53,18 @@ struct PackedQueryBlocks {
     return per_head(p.q_view_rows, p.batch) * p.heads;
   }
   template <class Params>
+  __host__ __device__ __forceinline__ static int64_t dense_tiles(Params const& p) {
+    return (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
+  }
+  template <class Params>
   __host__ __device__ __forceinline__ static bool use_tiles(Params const& p) {
-    return p.cu_seqlens_q != nullptr &&
-           tiles(p) < (int64_t(p.seqlen_q) + kBlockM - 1) / kBlockM * p.batch * p.heads;
+    return p.cu_seqlens_q != nullptr && tiles(p) < dense_tiles(p);
+  }
+  // The forward's grid: the fewer of the two (none where the batch or its longest sequence is
+  // empty, since packed tiles must then be fewer).
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t grid_tiles(Params const& p) {
+    return use_tiles(p) ? tiles(p) : dense_tiles(p);
   }
   // Tile `index` of those, its sequence's blocks last first where longest_first. A gap's m_block
   // is past its sequence's rows.

@@ -83,11 +83,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Packed = PackedQueryBlocks<Traits::kBlockM>;
   // (A packed batch's tiles count its rows.)
   if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
-  // (None where the batch or its longest sequence is empty: packed tiles must be fewer.)
-  const int64_t blocks =
-      Packed::use_tiles(p)
-          ? Packed::tiles(p)
-          : (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM * p.batch * p.heads;
+  const int64_t blocks = Packed::grid_tiles(p);
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 

@@ -17,8 +17,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   using Packed = PackedQueryBlocks<Traits::kBlockM>;
   // (A packed batch's tiles count its rows.)
   if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
-  const int64_t num_m_blocks = (int64_t(p.seqlen_q) + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t blocks = Packed::use_tiles(p) ? Packed::tiles(p) : num_m_blocks * p.batch * p.heads;
+  const int64_t blocks = Packed::grid_tiles(p);
   if (blocks == 0) return cudaSuccess;
   if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   // This family's forward reads dense or packed k and v, not a KV cache.
