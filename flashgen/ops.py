@@ -8,8 +8,11 @@ wrappers cost more per call. On a CPU, with Python kernels that return at once (
 no-grad call takes 9.7 us through the dispatcher, 22 us through a custom_op, 0.1 us calling the
 kernel function; a call that records autograd 35 us through _Attention, 195 us through
 register_autograd's kernel. So attention() skips the dispatcher whenever that is invisible (see
-_runs_plain_eager): on an H100 host (torch 2.11), a tiny no-grad flash_attn_func call took 52 us
-that way and 82 us through the dispatcher, PyTorch's FLASH_ATTENTION SDPA 25 us (one noisy run).
+_runs_plain_eager), calling the kernel or, where autograd records, _Attention itself: on an H100
+host (torch 2.11), a tiny no-grad flash_attn_func call took 52 us that way and 82 us through the
+dispatcher, PyTorch's FLASH_ATTENTION SDPA 25 us (one noisy run); on a CPU with the kernels
+mocked (torch 2.13), a tiny training call (forward with autograd, backward) 142-144 us that way
+and 168-178 us through the dispatcher.
 """
 
 from __future__ import annotations
@@ -97,8 +100,12 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
     if varlen:
         cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
         arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
-    if _runs_plain_eager((q, k, v)):
-        return _fwd_cuda(*arguments)
+    if _runs_plain_eager((q, k, v), records_autograd=True):
+        if not torch.is_grad_enabled():
+            return _fwd_cuda(*arguments)
+        # The op's autograd kernel without the dispatcher: it records a graph where any input
+        # (q, k, v, the additive mask) requires grad, and else calls the kernel.
+        return _fwd_autograd(None, *arguments)
     return torch.ops.flashgen.fwd.default(*arguments)
 
 
@@ -150,18 +157,20 @@ def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors, mask_
                      mask_ranges=mask_ranges, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
-def _runs_plain_eager(tensors) -> bool:
+def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
     """Whether calling a CUDA kernel function directly is indistinguishable from calling its op:
     plain CUDA tensors (no subclass such as FakeTensor, no meta or CPU tensor the op would send
-    elsewhere), no autograd graph to record, and nothing that must see the op: torch.compile,
-    torch.jit.trace, a dispatch mode (FakeTensorMode, make_fx, FlopCounterMode), a functorch
-    transform (vmap). 1.4 to 2.6 us of checks on an H100 host, against 16 to 30 us saved."""
+    elsewhere), no autograd graph to record (or, with records_autograd, one the caller records
+    as the op's autograd kernel would: _fwd_autograd), and nothing that must see the op:
+    torch.compile, torch.jit.trace, a dispatch mode (FakeTensorMode, make_fx, FlopCounterMode),
+    a functorch transform (vmap). 1.4 to 2.6 us of checks on an H100 host, against 16 to 30 us
+    saved."""
     if (torch.compiler.is_compiling() or torch.jit.is_tracing()
             or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active()):
         return False
-    grad_enabled = torch.is_grad_enabled()
+    checks_grad = not records_autograd and torch.is_grad_enabled()
     for t in tensors:
-        if type(t) is not torch.Tensor or not t.is_cuda or (grad_enabled and t.requires_grad):
+        if type(t) is not torch.Tensor or not t.is_cuda or (checks_grad and t.requires_grad):
             return False
     return True
 
@@ -277,7 +286,8 @@ class _Attention(torch.autograd.Function):
     """flashgen::fwd's autograd kernel, as torch.library.register_autograd's own but without its
     per-call fill_defaults, which rebuilds the 27-argument schema's list once per argument: 0.5 ms
     of host time per forward on an H100 host (torch 2.11), more than a short call's GPU time.
-    apply(*fwd's arguments, keyset): the keyset last keeps needs_input_grad in fwd's places."""
+    apply(*fwd's arguments, keyset): the keyset last (None where attention() enters it without
+    the dispatcher) keeps needs_input_grad in fwd's places."""
 
     @staticmethod
     def forward(ctx, *arguments_and_keyset):
@@ -292,12 +302,16 @@ class _Attention(torch.autograd.Function):
 
 
 def _fwd_below_autograd(keyset, arguments):
+    if keyset is None:  # a plain eager call that skipped the dispatcher (attention)
+        return _fwd_cuda(*arguments)
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.flashgen.fwd.default.redispatch(
             keyset & torch._C._after_autograd_keyset, *arguments)
 
 
 def _fwd_autograd(keyset, *arguments):
+    """flashgen::fwd's autograd kernel; keyset None: called by attention() for a plain eager call,
+    with no dispatcher around it."""
     if missing := _FWD_ARGUMENTS - len(arguments):
         arguments += _FWD_DEFAULTS[-missing:]
     if torch.is_grad_enabled() and torch._C._any_requires_grad(*arguments):

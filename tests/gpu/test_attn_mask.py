@@ -93,6 +93,27 @@ def test_an_additive_mask_that_requires_grad_gets_its_gradient(dtype, heads_kv, 
                        causal=False, causal_offset=0, score_bias=mask.detach().float())
 
 
+def test_a_mask_beside_frozen_inputs_gets_its_gradient():
+    """Only the mask requires grad (a learned bias over frozen queries, keys and values): the
+    call still records its graph."""
+    mask = torch.randn(1, HEADS, SEQLEN_Q, SEQLEN_K, device="cuda", requires_grad=True)
+    query, key, value = (torch.randn(BATCH, HEADS, s, 64, device="cuda", dtype=torch.bfloat16)
+                         for s in (SEQLEN_Q, SEQLEN_K, SEQLEN_K))
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask)
+    assert out.requires_grad
+    dout = torch.randn_like(out)
+    (dmask,) = torch.autograd.grad(out, mask, dout)
+    views = [t.transpose(1, 2) for t in (query, key, value)]
+
+    def reference(upcast: bool):
+        leaf = mask.detach().requires_grad_()
+        ref, _ = attention_ref(*views, causal=False, causal_offset=0, score_bias=leaf,
+                               upcast=upcast)
+        return torch.autograd.grad(ref, leaf, dout.transpose(1, 2))[0]
+
+    assert_close_fa2(dmask, reference(True), reference(False), "dmask", eps=GRADIENT_EPS)
+
+
 def test_the_mask_gradient_is_deterministic():
     mask = torch.randn(1, HEADS, SEQLEN_Q, SEQLEN_K, device="cuda", requires_grad=True)
     query, key, value = (torch.randn(BATCH, HEADS, s, 64, device="cuda", dtype=torch.bfloat16,
