@@ -13,6 +13,10 @@ On a machine without CUDA, the same functions with the CUDA parts replaced: tens
 that report cuda:0, a fixed kernel choice, stream 0, device 0, and the real binding calling an
 empty launcher compiled here with the host compiler. Python costs only; torch's SDPA is not timed:
     PYTHONPATH=$PWD python3 scripts/host_overhead.py --cpu-mock
+
+With --training, a tiny training call instead (the same shape, causal, q, k and v requiring grad):
+the forward with autograd and the backward, and the forward with autograd alone (on CUDA beside
+SDPA's FLASH_ATTENTION; the mock's backward stands for the hopper family's hd64 causal kernel).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch.nn.functional as F
 from codegen import params, paths
 from codegen.config import load_config
 from codegen.spec import enumerate_specs
-from flashgen import forward, interface, launch, loader, ops, validate
+from flashgen import backward, forward, interface, launch, loader, ops, validate
 
 SHAPE = (1, 64, 1, 64)  # (batch, seqlen, heads, head_dim)
 # The functions of the eager path, as (module, name); those a call does not reach are left out.
@@ -185,7 +189,9 @@ def cpu_mock():
     calling an empty launcher."""
     cuda0, cpu = torch.device("cuda", 0), torch.device("cpu")
     real_empty, real_empty_permuted = torch.empty, torch.empty_permuted
-    launcher = empty_launcher()
+    # The mma family's main hd64 forward and the hopper family's hd64 causal backward, on sm_90.
+    launcher = empty_launcher("fwd", "mma", "none")
+    backward_launcher = empty_launcher("bwd", "hopper", "causal")
     patches = [(torch.Tensor, "device", property(lambda t: cuda0)),
                (torch.Tensor, "is_cuda", property(lambda t: True)),
                (torch.Tensor, "get_device", lambda t: 0),
@@ -196,7 +202,9 @@ def cpu_mock():
                (launch, "_current_stream", lambda index: 0),
                (launch, "_current_device", lambda: 0),
                # the mma family's plan: no padding, its grid field, inputs not loaded by TMA
-               (forward, "_plan", lambda *args: (launcher, None, {"ranks_per_round": 1}, False))]
+               (forward, "_plan", lambda *args: (launcher, None, {"ranks_per_round": 1}, False)),
+               (backward, "_choose", lambda *args: (backward_launcher, None)),
+               (launch, "device_resources", lambda index: (132, 50 << 20))]  # an H100's
     saved = [(owner, name, owner.__dict__.get(name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -210,8 +218,9 @@ def cpu_mock():
                 setattr(owner, name, value)
 
 
-def empty_launcher() -> loader.Launcher:
-    """A launcher that returns success at once, built with the host compiler."""
+def empty_launcher(kind: str, family: str, mask: str) -> loader.Launcher:
+    """A launcher that returns success at once, built with the host compiler, standing for the
+    bf16 hd64 sm_90 main-tile kernel of that kind, family and mask."""
     folder = Path(tempfile.mkdtemp(prefix="flashgen-empty-launcher-"))
     source = folder / "empty.cpp"
     source.write_text('extern "C" int empty_launcher(const void*, void*) { return 0; }\n'
@@ -222,10 +231,9 @@ def empty_launcher() -> loader.Launcher:
     library = ctypes.CDLL(str(library_path))
     address = ctypes.cast(library.empty_launcher, ctypes.c_void_p).value
     error_string = ctypes.cast(library.empty_error_string, ctypes.c_void_p).value
-    # The spec the mock call stands for: the mma family's main hd64 forward, on sm_90.
     (spec,) = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_90"], head_dims=[64],
-                              dtypes=["bf16"], masks=["none"], kinds=["fwd"],
-                              family_names=["mma"], alt_tiles=False, score_mods=["none"],
+                              dtypes=["bf16"], masks=[mask], kinds=[kind],
+                              family_names=[family], alt_tiles=False, score_mods=["none"],
                               dropout=False)
     return loader.Launcher(spec, address, error_string, library)
 
@@ -263,15 +271,64 @@ def report(cpu: bool, calls: int, rounds: int) -> None:
         print(f"\n(an empty call in the timing loop: {floor:.2f})")
 
 
+def training_report(cpu: bool, calls: int, rounds: int) -> None:
+    """Host time of a tiny training call. Rounds of `calls` calls (each a handful of launches)
+    stay below the queue's depth, so on CUDA the times are the host's too."""
+    device = "cpu" if cpu else "cuda"
+    q, k, v = (torch.randn(SHAPE, dtype=torch.bfloat16, device=device).requires_grad_()
+               for _ in range(3))
+    dout = torch.randn(SHAPE, dtype=torch.bfloat16, device=device)
+    query, key, value = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    where = ("CPU mock (Python costs; CUDA replaced)" if cpu
+             else f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"flashgen host time of a training call: bf16 q, k, v {SHAPE}, causal; {where}")
+    print(f"median of {rounds} rounds x {calls} calls, microseconds per call\n")
+
+    def training(attention, inputs):
+        def call():
+            attention(*inputs).backward(dout if inputs[0] is q else dout.transpose(1, 2))
+            for t in inputs:
+                t.grad = None
+        return call
+
+    def ours(*t):
+        return interface.flash_attn_func(*t, causal=True)
+
+    rows = [("flashgen flash_attn_func, forward + backward", training(ours, (q, k, v)),
+             contextlib.nullcontext()),
+            ("flashgen flash_attn_func, forward with autograd", lambda: ours(q, k, v),
+             contextlib.nullcontext())]
+    if not cpu:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        def theirs(*t):
+            return F.scaled_dot_product_attention(*t, is_causal=True)
+
+        flash = SDPBackend.FLASH_ATTENTION
+        rows += [("torch SDPA FLASH_ATTENTION, forward + backward",
+                  training(theirs, (query, key, value)), sdpa_kernel(flash)),
+                 ("torch SDPA FLASH_ATTENTION, forward with autograd",
+                  lambda: theirs(query, key, value), sdpa_kernel(flash))]
+    for name, fn, context in rows:
+        with context:
+            print(f"  {per_call_us(fn, calls, rounds, torch.cuda.synchronize):7.2f}  {name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-mock", action="store_true",
                         help="no CUDA: time the Python path with CUDA replaced")
-    parser.add_argument("--calls", type=int, default=500, help="calls per round")
+    parser.add_argument("--training", action="store_true",
+                        help="a training call (forward with autograd, backward) instead")
+    parser.add_argument("--calls", type=int, help="calls per round (500; 100 with --training)")
     parser.add_argument("--rounds", type=int, default=31)
     args = parser.parse_args()
+    calls = args.calls or (100 if args.training else 500)
     with cpu_mock() if args.cpu_mock else contextlib.nullcontext():
-        report(cpu=args.cpu_mock, calls=args.calls, rounds=args.rounds)
+        if args.training:
+            training_report(cpu=args.cpu_mock, calls=calls, rounds=args.rounds)
+        else:
+            report(cpu=args.cpu_mock, calls=calls, rounds=args.rounds)
 
 
 if __name__ == "__main__":
