@@ -78,6 +78,7 @@ def main():
                         calls.append((label, flops, name, round_, i, start, end))
                     torch.cuda.synchronize()
                 torch.cuda.empty_cache()
+    time.sleep(0.2)  # a sample or more after the last call
     smi.terminate()
     smi.wait()
     log.close()
