@@ -1,9 +1,9 @@
 """A grid cell's backward calls, timed as `flashgen bench` times them (interleaved rounds of
-warm-up and timed calls per implementation), each call placed on the GPU's timeline beside the
-SM clock, board power and temperature that nvidia-smi samples meanwhile: which of a cell's calls
-ran before the power cap's controller cut the clock, and which after.
+warm-up and timed calls per implementation, each after a rest), each call placed on the GPU's
+timeline beside the SM clock, board power and temperature that nvidia-smi samples meanwhile:
+which of a cell's calls ran before the power cap's controller cut the clock, and which after.
 
-    python3 scripts/grid_clock_trace.py [--impl flashgen ...] HD,CAUSAL,SEQLEN ...
+    python3 scripts/grid_clock_trace.py [--impl flashgen ...] [--rest S] HD,CAUSAL,SEQLEN ...
 
 One line per call (w: warm-up, t: timed), then each implementation's median per cell, the
 number the grid would report.
@@ -39,7 +39,10 @@ def smi_samples(path: str) -> list[tuple[float, float, float, float]]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("cells", nargs="+", help="HD,CAUSAL(0|1),SEQLEN, in the grid's order")
-    parser.add_argument("--impl", action="append")
+    parser.add_argument("--impl", action="append", help="in the order each round runs them")
+    parser.add_argument("--rest", type=float, default=timing.ROUND_REST,
+                        help="seconds idle before each implementation's round (0: none, as "
+                        "the grid timed cells before 2026-11-27)")
     args = parser.parse_args()
     names = args.impl or IMPLEMENTATIONS
     log = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
@@ -64,6 +67,7 @@ def main():
         label = f"hd{head_dim} {'causal' if causal else 'none'} {seqlen}"
         for round_ in range(timing.ROUNDS):
             for name in names:
+                timing.rest(args.rest)
                 with timing.backend(name):
                     fn, call_sets, reset = timing.timed_call(
                         "bwd", timing.implementation(name, causal), inputs)

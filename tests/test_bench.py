@@ -206,9 +206,12 @@ def test_each_implementation_and_mode_is_timed_or_recorded_as_not_run(monkeypatc
     assert timing.measure("flashgen", mode, False, cpu_inputs(), flops=8e9) == expected
 
 
-def test_a_cell_times_its_implementations_in_interleaved_rounds_and_pools_their_calls():
+def test_a_cell_times_its_implementations_in_interleaved_rounds_and_pools_their_calls(
+        monkeypatch):
     order = []
     clock = iter(range(1, 100))
+    rests = []
+    monkeypatch.setattr(timing, "rest", lambda seconds: rests.append((len(order), seconds)))
 
     def calls(name, mode, warmup, repeats):
         assert (warmup, repeats) == (timing.ROUND_WARMUP, timing.ROUND_REPEATS)
@@ -220,6 +223,8 @@ def test_a_cell_times_its_implementations_in_interleaved_rounds_and_pools_their_
     samples = timing.interleaved_samples(["flashgen", "NO_BWD"], ["fwd", "bwd"], calls, rounds=3)
     a_round = [("flashgen", "fwd"), ("flashgen", "bwd"), ("NO_BWD", "fwd")]
     assert order == [*a_round, ("NO_BWD", "bwd"), *a_round, *a_round]  # not run: not called again
+    # Every implementation's calls start after a rest, whatever ran before them.
+    assert rests == [(i, timing.ROUND_REST) for i in range(len(order))]
     assert samples == {("flashgen", "fwd"): [1.0, 2.0, 7.0, 8.0, 13.0, 14.0],
                        ("flashgen", "bwd"): [3.0, 4.0, 9.0, 10.0, 15.0, 16.0],
                        ("NO_BWD", "fwd"): [5.0, 6.0, 11.0, 12.0, 17.0, 18.0],

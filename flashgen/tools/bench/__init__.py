@@ -7,7 +7,9 @@ are 4 * batch * heads * seqlen_q * seqlen_k * head_dim, halved when causal; the 
 2.5x the forward (five matmuls to the forward's two), forward + backward 3.5x. Times are medians
 of CUDA-event-timed calls after warm-up, issued back to back (host work overlaps earlier GPU
 work, as in training), on fresh random inputs, rotating input sets when they would fit in L2; a
-cell times its implementations in interleaved rounds (timing.ROUNDS).
+cell times its implementations in interleaved rounds (timing.ROUNDS), each implementation's
+calls after a rest (timing.ROUND_REST) so that none starts at a clock the power cap cut for the
+one before it.
 Each cell is measured per mode: fwd (the forward), bwd (out.backward(dout) of a forward run
 once, untimed, as FlashAttention's benchmark_backward does) and fwd_bwd (both).
 

@@ -8,6 +8,7 @@ import datetime
 import os
 import statistics
 import subprocess
+import time
 
 from flashgen.tools.bench import report
 from flashgen.tools.bench.grid import (DEFAULT_MODES, FAMILY_IMPLEMENTATIONS, IMPLEMENTATIONS,
@@ -160,13 +161,19 @@ def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
 
 
 # A cell's calls per implementation and mode: ROUNDS rounds, each implementation's modes in
-# turn within a round, each round ROUND_WARMUP untimed calls and ROUND_REPEATS timed ones. The
-# board runs at its power cap and its clock drifts over the seconds a cell takes
-# (docs/performance.md, Noise): rounds spread every implementation's calls over those seconds
-# alike, where one block each would give the first implementation the cell's first seconds.
+# turn within a round, each round ROUND_WARMUP untimed calls and ROUND_REPEATS timed ones, after
+# ROUND_REST seconds idle. The board runs at its power cap and its clock drifts over the seconds
+# a cell takes (docs/performance.md, Noise): rounds spread every implementation's calls over
+# those seconds alike, where one block each would give the first implementation the cell's first
+# seconds. Within tens of milliseconds of a busy GPU the cap's controller cuts the clock, and it
+# recovers while a slower, cooler kernel runs: without the rest, the implementation that follows
+# FlashAttention-2 in a round starts at the recovered clock and the one that follows flashgen at
+# a cut one (hd128 8k: 1.15-1.23x flashgen / cuDNN in the grid's order, 1.02x with the two
+# swapped, 1.11-1.15x in either order after a rest).
 ROUNDS = 3
 ROUND_WARMUP = 3
 ROUND_REPEATS = 10
+ROUND_REST = 0.5
 
 
 def interleaved_samples(impls, modes, calls, rounds: int = ROUNDS) -> dict:
@@ -182,6 +189,7 @@ def interleaved_samples(impls, modes, calls, rounds: int = ROUNDS) -> dict:
             for mode in modes:
                 if isinstance(samples[name, mode], dict):
                     continue
+                rest(ROUND_REST)
                 got = calls(name, mode, ROUND_WARMUP, ROUND_REPEATS)
                 if isinstance(got, dict):
                     samples[name, mode] = got
@@ -190,6 +198,16 @@ def interleaved_samples(impls, modes, calls, rounds: int = ROUNDS) -> dict:
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
     return samples
+
+
+def rest(seconds: float) -> None:
+    """Lets the GPU finish its queued work and idle `seconds` (none without CUDA), so that the
+    next calls start from a rested clock whatever ran before them."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        time.sleep(seconds)
 
 
 def forward_tile(name: str, q, causal: bool) -> str:
