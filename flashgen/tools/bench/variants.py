@@ -15,6 +15,7 @@ queries sees the first key block, its neighbours and RANDOM_BLOCKS random others
 windows case runs `head_window` with DuoAttention's split: odd heads a causal window of WINDOW
 keys (streaming heads), even heads the whole prefix; both sides build per-head block masks. The
 relative bias case runs `relative_bias` (a score modifier reading a per-head table by distance).
+Each implementation is timed in one block of calls, after the grid's rest (timing.ROUND_REST).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flashgen.tools.bench.timing import environment, time_ms, timed_call
+from flashgen.tools.bench.timing import ROUND_REST, environment, rest, time_ms, timed_call
 
 VARIANTS_MODE = "variants"  # bench's --mode
 VARIANT_MODES = ("fwd", "fwd_bwd")
@@ -219,6 +220,7 @@ def run(grid: dict = GRID, log=print) -> dict:
                 row = {"case": case, "head_dim": head_dim, "mode": mode, "dtype": grid["dtype"],
                        "batch": batch, "heads": heads, "seqlen": seqlen, "results": {}}
                 for name, fn in impls.items():
+                    rest(ROUND_REST)  # from a rested clock, whatever ran before (timing.py)
                     row["results"][name] = _time(mode, fn, layouts[name])
                     torch.cuda.empty_cache()
                 rows.append(row)
