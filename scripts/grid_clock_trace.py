@@ -41,8 +41,8 @@ def main():
     parser.add_argument("cells", nargs="+", help="HD,CAUSAL(0|1),SEQLEN, in the grid's order")
     parser.add_argument("--impl", action="append", help="in the order each round runs them")
     parser.add_argument("--rest", type=float, default=timing.ROUND_REST,
-                        help="seconds idle before each implementation's round (0: none, as "
-                        "the grid timed cells before 2026-11-27)")
+                        help="seconds idle before each implementation's round (0: none, so "
+                        "that each starts at whatever clock the one before it left)")
     args = parser.parse_args()
     names = args.impl or IMPLEMENTATIONS
     log = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)

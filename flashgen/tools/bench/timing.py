@@ -166,10 +166,8 @@ def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
 # a cell takes (docs/performance.md, Noise): rounds spread every implementation's calls over
 # those seconds alike, where one block each would give the first implementation the cell's first
 # seconds. Within tens of milliseconds of a busy GPU the cap's controller cuts the clock, and it
-# recovers while a slower, cooler kernel runs: without the rest, the implementation that follows
-# FlashAttention-2 in a round starts at the recovered clock and the one that follows flashgen at
-# a cut one (hd128 8k: 1.15-1.23x flashgen / cuDNN in the grid's order, 1.02x with the two
-# swapped, 1.11-1.15x in either order after a rest).
+# recovers while a slower, cooler kernel runs: without the rest, an implementation's start would
+# depend on which ran before it (docs/performance.md, "Timing method: rested rounds").
 ROUNDS = 3
 ROUND_WARMUP = 3
 ROUND_REPEATS = 10
