@@ -351,8 +351,9 @@ def test_hopper_backward_above_head_dim_128_splits_the_head_dim_of_64_keys(tmp_p
     (64, 128, 128, 2, (2, 2, 1)),   # dO as deep as Q, two staging buffers
     (128, 80, 128, 2, (2, 1, 1)),   # one buffer
     (128, 64, 128, 4, (1, 1, 1)),   # one dO stage
-    (192, 64, 64, 2, (2, 1, 1)),
-    (256, 64, 64, 2, (1, 1, 2)),    # a share staged in halves
+    (128, 96, 128, 2, (1, 1, 2)),   # a share staged in halves
+    (192, 64, 64, 2, (2, 1, 1)),    # split by the head dim: staged only where deterministic
+    (256, 64, 64, 2, (2, 0, 1)),    # dO as deep as Q before the staging buffer
     (256, 64, 64, 1, (1, 1, 1)),
 ])
 def test_hopper_backward_memory_plan_keeps_q_stages_first(head_dim, block_m, block_n, q_stages,

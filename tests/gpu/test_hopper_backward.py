@@ -164,13 +164,14 @@ def test_deterministic_rotated_walks_across_waves_are_bit_identical():
 
 @hopper_gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_deterministic_grid_of_more_key_blocks_than_sms(causal):
-    """4 heads x 133 key blocks of 17000 keys, more per head than an H100 has SMs, so a head's
-    blocks cannot all run at once: they walk in order and wait only on the key blocks after
-    theirs, which launch first (without a mask too, where fewer blocks would walk rotated and
-    take turns as they arrive), so the run ends (a wrong order would hang) and matches the
-    reference."""
-    q, k, v = (torch.randn(1, 17000, 4, 128, device="cuda", dtype=torch.bfloat16)
+@pytest.mark.parametrize("head_dim, seqlen", [(128, 17000), (256, 8500)], ids=["hd128", "hd256"])
+def test_deterministic_grid_of_more_key_blocks_than_sms(head_dim, seqlen, causal):
+    """4 heads x 133 key blocks, more per head than an H100 has SMs, so a head's blocks cannot
+    all run at once: they walk in order and wait only on the key blocks after theirs, which
+    launch first (without a mask too, where fewer blocks would walk rotated and take turns as
+    they arrive), so the run ends (a wrong order would hang) and matches the reference. At head
+    dim 128 the dQ warp waits for the turns, at 256 the consumers (they add from registers)."""
+    q, k, v = (torch.randn(1, seqlen, 4, head_dim, device="cuda", dtype=torch.bfloat16)
                for _ in range(3))
     grads, reference, same_dtype, _ = grads_and_reference(q, k, v, causal, deterministic=True)
     assert_grads_close(grads, reference, same_dtype)

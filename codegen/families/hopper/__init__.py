@@ -15,7 +15,8 @@ registers (64 keys each; above head dim 128 two warpgroups share 64 keys and spl
 dim), Q and dO of each query block of the group's heads streamed by TMA
 through rings of q_stages buffers, each step's dQ shares staged in shared memory and added to an
 fp32 workspace by a dQ warp with the copy engine's bulk reduce-add (deterministic: in turn; split
-by the head dim, a run that need not be deterministic adds them from registers instead). A
+by the head dim the consumers add them from registers instead, deterministic runs too where no
+staging buffer fits, in turn). A
 variable-length batch runs as a dense batch of its longest lengths, each block reading its
 sequence's offsets (blocks past a shorter sequence exit). Templates in
 templates/hopper/, headers in templates/include/flashgen/hopper/; resources.py mirrors their

@@ -136,11 +136,16 @@ def backward_memory_plan(head_dim: int, block_m: int, block_n: int, q_stages: in
                          smem_limit: int) -> tuple[int, int, int]:
     """(dO's stages, dQ staging buffers per consumer, pieces a share is staged in): the first that
     fits of dO's ring as deep as Q's with two buffers, with one, then one dO stage, then the
-    share staged in two halves (bwd_traits.cuh's kDoStages, kDqBuffers, kDqPieces)."""
+    share staged in two halves (bwd_traits.cuh's kDoStages, kDqBuffers, kDqPieces). Split by the
+    head dim, where only deterministic runs stage dQ: dO's ring as deep as Q's, then one buffer
+    if it fits beside it, else none (those runs' consumers add from registers in turn)."""
     def fits(do_stages, dq_buffers, dq_pieces):
         return backward_shared_bytes(head_dim, block_m, block_n, q_stages, do_stages, dq_buffers,
                                      dq_pieces) <= smem_limit
-    dq_buffers = 2 if fits(q_stages, 2, 1) else 1
+    if backward_splits_head_dim(head_dim):
+        dq_buffers = 1 if fits(q_stages, 1, 1) else 0
+    else:
+        dq_buffers = 2 if fits(q_stages, 2, 1) else 1
     do_stages = q_stages if fits(q_stages, dq_buffers, 1) else 1
     return do_stages, dq_buffers, 1 if fits(do_stages, dq_buffers, 1) else 2
 

@@ -12,9 +12,10 @@
 // the head dim's columns (bwd_traits.cuh). Each consumer stages its dQ share in shared memory
 // for warpgroup 0's second warp, which stores it to the fp32 workspace by a bulk copy where its
 // block is the first to reach the query block and adds it by bulk reduce-adds after that (a
-// deterministic run: in each query block's turn), or, split by the head dim and without
-// determinism, adds it from registers (to a zeroed workspace). After the walk, dK and dV leave
-// through K's and V's buffers. bwd_aux.cuh prepares lse and D before and converts dQ after.
+// deterministic run: in each query block's turn), or, split by the head dim, adds it from its
+// registers (to a zeroed workspace; a deterministic run where no staging buffer fits, in turn).
+// After the walk, dK and dV leave through K's and V's buffers. bwd_aux.cuh prepares lse and D
+// before and converts dQ after.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,6 +48,9 @@ constexpr int kDqHandoffThreads = 128 + 32;  // a consumer warpgroup and the dQ 
 // in shared memory (kEpilogue + c).
 constexpr int kKeysReadBarrier = 10;
 constexpr int kEpilogueBarrier = 11;
+// Consumer c adding its dQ share from registers in a deterministic run: the turn is its, then
+// every thread has issued its adds (kDqTurnBarrier + c).
+constexpr int kDqTurnBarrier = 13;
 
 // The TMA descriptors, one kernel parameter in constant space: loads of Q, dO, K and V, stores
 // of a consumer's share of dK and dV.
@@ -176,12 +180,16 @@ __device__ __forceinline__ int load_acquire(int const* at) {
   return seen;
 }
 
+__device__ __forceinline__ void store_release(int* at, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(at), "r"(value) : "memory");
+}
+
 // Sets a deterministic run's dQ turn, or a query block's dQ state, to `value` once this thread's
 // bulk copies are in global memory.
 __device__ __forceinline__ void pass_turn(int* turn, int value) {
   wait_bulk_writes();
   asm volatile("fence.proxy.async.global;" ::: "memory");
-  asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
+  store_release(turn, value);
 }
 
 // Whether this block is the first to reach a query block (its dQ state 0 -> 1), which then
@@ -307,6 +315,49 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
   }
 }
 
+// A consumer's dQ share of query block m_block of `head` into the workspace from its registers
+// (BwdTraits::kDqFromRegisters), in register order, by 16-byte reductions. A deterministic run
+// (where the traits' memory plan leaves no staging buffer for the dQ warp) waits for the query
+// block's turn (each consumer's share of the head dim's columns takes its turns on its own
+// semaphore), stores where the turn is the first (the workspace is not zeroed then), and passes
+// the turn on: the barrier after every thread's adds orders them before the release.
+template <class Traits, class Work, class Mask, class Acc>
+__device__ __forceinline__ void add_dq_from_registers(BwdParams const& p, Work const& work,
+                                                      Mask const& head_mask, int head,
+                                                      int m_block, int consumer, int thread,
+                                                      Acc const& dq, bool deterministic) {
+  constexpr int kGroups = decltype(cute::size(dq))::value / 4;
+  const int64_t row = work.stats_row(p, head, m_block);
+  float* const share = p.dq_accum + row * Traits::kHeadDim + Traits::dq_offset(consumer) +
+                       4 * thread;
+  auto add_all = [&](bool store) {
+    CUTE_UNROLL
+    for (int j = 0; j < kGroups; ++j) {
+      float* const at = share + 4 * 128 * j;
+      if (store) {
+        *reinterpret_cast<float4*>(at) =
+            make_float4(dq(4 * j), dq(4 * j + 1), dq(4 * j + 2), dq(4 * j + 3));
+      } else {
+        reduce_add_f32x4(at, dq(4 * j), dq(4 * j + 1), dq(4 * j + 2), dq(4 * j + 3));
+      }
+    }
+  };
+  if (!deterministic) {
+    add_all(false);
+    return;
+  }
+  int* const turns = p.dq_semaphore + row / Traits::kBlockM * Traits::kConsumers + consumer;
+  int turn = 0;
+  if (thread == 0) {
+    turn = work.dq_turn(p, head_mask, m_block);
+    while (load_acquire(turns) != turn) {
+    }
+  }
+  add_all(named_sync_or(kDqTurnBarrier + consumer, 128, thread == 0 && turn == 0));
+  named_sync(kDqTurnBarrier + consumer, 128);
+  if (thread == 0) store_release(turns, turn + 1);
+}
+
 // A Q or dO ring: warpgroup 0 produces (its first thread loads), the consumers consume.
 template <class Ring, class Traits>
 __device__ __forceinline__ Ring make_ring(typename Ring::SharedStorage& storage, bool producer,
@@ -337,6 +388,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
 
   const bool deterministic = p.dq_semaphore != nullptr;
+  // Whether the consumers add dQ from registers (BwdTraits::kDqFromRegisters; a deterministic run
+  // only where no staging buffer fits), else stage it for the dQ warp.
+  const bool dq_from_registers =
+      Traits::kDqFromRegisters && (!deterministic || Traits::kDqBuffers == 0);
   const int blocks = (p.seqlen_k + kBlockN - 1) / kBlockN * p.batch * p.heads_kv;
   const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
   const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
@@ -383,8 +438,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int warp = threadIdx.x / 32;
     if (warp > 1 || !walk.has_steps()) return;
     if (warp == 1) {
-      if (Traits::kDqFromRegisters && !deterministic) return;  // the consumers add
-      add_dq_shares<Traits>(p, work, walk, share, smem.dq, deterministic);
+      if constexpr (Traits::kDqBuffers > 0) {
+        if (!dq_from_registers) {
+          add_dq_shares<Traits>(p, work, walk, share, smem.dq, deterministic);
+        }
+      }
       return;
     }
 
@@ -580,8 +638,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       dq_operands(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
                   kDqUneven ? Traits::dq_first_col(1) : 0);
   static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
-  // This consumer's staging buffers, used in turn: with two, the dQ warp reads one while the next
-  // step writes the other.
+  // This consumer's staging buffers, used in turn (none where it adds from registers): with two,
+  // the dQ warp reads one while the next step writes the other.
   float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
   constexpr int kDqBuffers = Traits::kDqBuffers;
 
@@ -602,7 +660,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int head = at.head;
     const int m_block = at.m_block;
     const int ds_buffer = step & 1;  // P's: 2 + ds_buffer
-    const int dq_buffer = step % kDqBuffers;
+    const int dq_buffer = step % cute::max(1, kDqBuffers);  // (no staging buffers: 0)
     const Mask mask = work.mask.for_head(head);
 
     // This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column
@@ -772,15 +830,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // buffer, piece by piece, each once the dQ warp has read what the buffer held; the dQ warp
     // adds it. (Reductions from registers hold each thread at its next memory instruction until
     // the load/store unit has taken them all, which costs more where the adds are fewer.)
-    const bool dq_from_registers = Traits::kDqFromRegisters && !deterministic;
-    if (dq_from_registers) {
-      constexpr int kGroups = decltype(size(tdQrdQ))::value / 4;
-      float* const share = p.dq_accum + work.stats_row(p, head, m_block) * Traits::kHeadDim +
-                           Traits::dq_offset(consumer) + 4 * thread;
-      CUTE_UNROLL
-      for (int j = 0; j < kGroups; ++j) {
-        reduce_add_f32x4(share + 4 * 128 * j, tdQrdQ(4 * j), tdQrdQ(4 * j + 1),
-                         tdQrdQ(4 * j + 2), tdQrdQ(4 * j + 3));
+    if constexpr (Traits::kDqFromRegisters) {
+      if (dq_from_registers) {
+        add_dq_from_registers<Traits>(p, work, mask, head, m_block, consumer, thread, tdQrdQ,
+                                      deterministic);
       }
     }
     auto stage_share = [&](auto const& acc) {
@@ -799,11 +852,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
       }
     };
-    if (!dq_from_registers) {
-      if (kDqUneven && consumer != 0) {
-        stage_share(tdQrdQ2);
-      } else {
-        stage_share(tdQrdQ);
+    if constexpr (Traits::kDqBuffers > 0) {
+      if (!dq_from_registers) {
+        if (kDqUneven && consumer != 0) {
+          stage_share(tdQrdQ2);
+        } else {
+          stage_share(tdQrdQ);
+        }
       }
     }
     warpgroup_wait<0>();

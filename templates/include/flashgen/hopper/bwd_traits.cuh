@@ -187,13 +187,16 @@ struct BwdTraits {
 
   // Split by the head dim, a 64-key block adds 64 rows x the whole head dim of dQ per step,
   // twice the bytes per FLOP of the 128-key blocks, and those adds limit the kernel: a run that
-  // need not be deterministic adds each share from registers by 16-byte reductions (5-6% faster
-  // at head dim 256 than the dQ warp's bulk adds), a deterministic one stages it for the dQ
-  // warp, which adds the shares in turn.
+  // need not be deterministic adds each share from registers by 16-byte reductions (faster at
+  // head dim 256 than the dQ warp's bulk adds). A deterministic one stages it for the dQ warp,
+  // which adds the shares in turn, where a staging buffer fits beside dO's ring as deep as Q's
+  // (the memory plan below); else its consumers add from registers in turn too (head dim 256,
+  // where a second dO stage gained more than the staging buffer in its place).
   static constexpr bool kDqFromRegisters = kSplitHeadDim;
 
-  // dO's ring has kDoStages stages; each consumer stages its dQ share for the dQ warp in
-  // kDqBuffers buffers used in turn, each piece by piece (kDqPieces, a buffer holding one piece).
+  // dO's ring has kDoStages stages; each consumer stages its dQ share for the dQ warp (unless it
+  // adds from registers) in kDqBuffers buffers used in turn, each piece by piece (kDqPieces, a
+  // buffer holding one piece).
   template <int kDoStages, int kDqBuffers, int kDqPieces>
   struct Storage {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
@@ -201,7 +204,7 @@ struct BwdTraits {
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(1024) cute::array_aligned<Element, kDoStages * kBlockM * kHeadDim> dout;
     alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutDs>> ds;
-    alignas(128) float dq[kDqBuffers * kDqBlockFloats / kDqPieces];
+    alignas(128) float dq[cute::max(1, kDqBuffers * kDqBlockFloats / kDqPieces)];
     alignas(16) float lse_log2[kStages * kBlockM];  // each Q stage's rows' lse * log2(e)
     alignas(16) float d[kDoStages * kBlockM];       // each dO stage's rows' rowsum(dO * O)
     typename PipelineQ::SharedStorage pipeline_q;
@@ -216,8 +219,11 @@ struct BwdTraits {
   // In order of preference, while shared memory has room: dO's ring as deep as Q's, and two
   // staging buffers, so that a step stages its share while the dQ warp still reads the last one;
   // one buffer (kBlockM = 80 at head dim 128); one dO stage (released after dV's and dQ's GEMMs,
-  // it reloads under dK's); the share staged in two halves (head dim 256 with two Q stages).
-  static constexpr int kDqBuffers = fits<kStages, 2, 1>() ? 2 : 1;
+  // it reloads under dK's); the share staged in two halves. Where the consumers add from
+  // registers, dO's ring as deep as Q's first, then one staging buffer for deterministic runs if
+  // it fits beside it, else none.
+  static constexpr int kDqBuffers = kDqFromRegisters ? (fits<kStages, 1, 1>() ? 1 : 0)
+                                    : fits<kStages, 2, 1>() ? 2 : 1;
   static constexpr int kDoStages = fits<kStages, kDqBuffers, 1>() ? kStages : 1;
   static constexpr int kDqPieces = fits<kDoStages, kDqBuffers, 1>() ? 1 : 2;
   // Consumer c's staging buffers (kDqBuffers of one piece each) start at dq_staging_offset(c).
