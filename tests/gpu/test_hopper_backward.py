@@ -80,9 +80,9 @@ def test_key_blocks_no_query_sees_get_zero_gradients(head_dim):
 def test_query_blocks_no_key_block_reaches_get_zero_dq(head_dim, deterministic):
     """Bottom-right causal with more queries than keys: rows 0..599 see no key, so no key block
     reaches the first query blocks. dQ's workspace is not zeroed (the first key block to reach a
-    query block, or a deterministic run's first turn, stores its share there; head dim 256's
-    adds from registers keep a zeroed one): those rows must still come out 0 over the poisoned
-    scratch, and the rest match the reference."""
+    query block, or a deterministic run's first turn, stores its share there; at head dim 256 a
+    run that need not be deterministic adds from registers into a zeroed one): those rows must
+    still come out 0 over the poisoned scratch, and the rest match the reference."""
     q = torch.randn(2, 700, 4, head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, 100, 2, head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)

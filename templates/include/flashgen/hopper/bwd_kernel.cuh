@@ -638,8 +638,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       dq_operands(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
                   kDqUneven ? Traits::dq_first_col(1) : 0);
   static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
-  // This consumer's staging buffers, used in turn (none where it adds from registers): with two,
-  // the dQ warp reads one while the next step writes the other.
+  // This consumer's staging buffers, used in turn (none where the memory plan leaves none): with
+  // two, the dQ warp reads one while the next step writes the other.
   float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
   constexpr int kDqBuffers = Traits::kDqBuffers;
 
