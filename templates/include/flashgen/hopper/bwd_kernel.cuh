@@ -315,17 +315,31 @@ __device__ __forceinline__ void add_dq_shares(BwdParams const& p, Work const& wo
   }
 }
 
+// A deterministic run's dQ turn that a consumer's thread 0 holds to pass on (the semaphore and
+// its next value), released under the consumer's next step's first GEMMs rather than right after
+// its adds, where the release would wait for them on the consumer's path.
+struct PendingTurn {
+  int* turn = nullptr;
+  int value = 0;
+  __device__ __forceinline__ void release() {
+    if (turn != nullptr) store_release(turn, value);
+    turn = nullptr;
+  }
+};
+
 // A consumer's dQ share of query block m_block of `head` into the workspace from its registers
 // (BwdTraits::kDqFromRegisters), in register order, by 16-byte reductions. A deterministic run
 // (where the traits' memory plan leaves no staging buffer for the dQ warp) waits for the query
 // block's turn (each consumer's share of the head dim's columns takes its turns on its own
-// semaphore), stores where the turn is the first (the workspace is not zeroed then), and passes
-// the turn on: the barrier after every thread's adds orders them before the release.
+// semaphore) and stores where the turn is the first (the workspace is not zeroed then); its
+// thread 0 then holds the turn in `pass`, the barrier after every thread's adds ordering them
+// before its release.
 template <class Traits, class Work, class Mask, class Acc>
 __device__ __forceinline__ void add_dq_from_registers(BwdParams const& p, Work const& work,
                                                       Mask const& head_mask, int head,
                                                       int m_block, int consumer, int thread,
-                                                      Acc const& dq, bool deterministic) {
+                                                      Acc const& dq, bool deterministic,
+                                                      PendingTurn& pass) {
   constexpr int kGroups = decltype(cute::size(dq))::value / 4;
   const int64_t row = work.stats_row(p, head, m_block);
   float* const share = p.dq_accum + row * Traits::kHeadDim + Traits::dq_offset(consumer) +
@@ -355,7 +369,7 @@ __device__ __forceinline__ void add_dq_from_registers(BwdParams const& p, Work c
   }
   add_all(named_sync_or(kDqTurnBarrier + consumer, 128, thread == 0 && turn == 0));
   named_sync(kDqTurnBarrier + consumer, 128);
-  if (thread == 0) store_release(turns, turn + 1);
+  if (thread == 0) pass = {turns, turn + 1};
 }
 
 // A Q or dO ring: warpgroup 0 produces (its first thread loads), the consumers consume.
@@ -653,6 +667,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   typename Pipeline::PipelineState q_state;
   typename PipelineDo::PipelineState do_state;
+  PendingTurn dq_turn_pending;  // a deterministic run's last dQ turn, from registers
   const int key0 = work.n_block * kBlockN + key_share * 64;
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
@@ -700,6 +715,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.v_full, 0);
       warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
     }
+    if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();
 
     // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
     // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
@@ -833,7 +849,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if constexpr (Traits::kDqFromRegisters) {
       if (dq_from_registers) {
         add_dq_from_registers<Traits>(p, work, mask, head, m_block, consumer, thread, tdQrdQ,
-                                      deterministic);
+                                      deterministic, dq_turn_pending);
       }
     }
     auto stage_share = [&](auto const& acc) {
@@ -866,6 +882,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     pipeline_q.consumer_release(q_state);
     ++q_state;
   }
+  if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();  // (the walk's last)
 
   // A split block's pieces sum their dK and dV; the last to finish writes them.
   if (piece.pieces > 1 &&
