@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -14,7 +15,10 @@ import jinja2
 from codegen.spec import KernelSpec
 
 ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+# The full list of specs, written beside the samples but not tracked by git (35k lines that every
+# config change rewrites); the summary, a few dozen lines, is the reviewed record.
 MANIFEST = "manifest.json"
+SUMMARY = "summary.md"
 # The head dim whose spec stands for its template in generated/ (any configured one will do).
 SAMPLE_HEAD_DIM = 128
 
@@ -85,6 +89,30 @@ def manifest_text(specs: list[KernelSpec]) -> str:
     return json.dumps({"kernels": entries}, indent=1) + "\n"
 
 
+def summary_text(specs: list[KernelSpec]) -> str:
+    """What the config enumerates, short enough to review in a diff: kernels per family, kind and
+    arch, then each head dim's tiles."""
+    groups = collections.defaultdict(list)
+    tiles = collections.defaultdict(set)
+    for s in specs:
+        groups[s.family, s.kind, s.arch].append(s)
+        tiles[s.family, s.kind, s.arch, s.head_dim].add(s.tile.suffix)
+    lines = [f"# {len(specs)} kernels", "",
+             "Rendered by `flashgen generate --dry-run` (codegen/render.py); the full list is",
+             f"{MANIFEST} beside this file, written by the same command and not tracked.", "",
+             "| family | kind | arch | head dims | kernels | with dropout | of a config variant |",
+             "|---|---|---|---|---|---|---|"]
+    for (family, kind, arch), group in sorted(groups.items()):
+        head_dims = " ".join(str(d) for d in sorted({s.head_dim for s in group}))
+        lines.append(f"| {family} | {kind} | {arch} | {head_dims} | {len(group)} "
+                     f"| {sum(s.dropout for s in group)} "
+                     f"| {sum(s.variant is not None for s in group)} |")
+    lines += ["", "| family | kind | arch | head dim | tiles |", "|---|---|---|---|---|"]
+    for (family, kind, arch, head_dim), suffixes in sorted(tiles.items()):
+        lines.append(f"| {family} | {kind} | {arch} | {head_dim} | {' '.join(sorted(suffixes))} |")
+    return "\n".join(lines) + "\n"
+
+
 def samples(specs: list[KernelSpec]) -> list[KernelSpec]:
     """One spec per template (family and kind), to show what it renders: the first at
     SAMPLE_HEAD_DIM if there is one, else the first, without a score modifier where there is
@@ -101,10 +129,10 @@ def sample_path(out_dir: Path, spec: KernelSpec) -> Path:
 
 
 def render_tree(specs: list[KernelSpec], out_dir: Path) -> list[Path]:
-    """Writes the manifest of every spec and one rendered sample per template into out_dir (a
-    full render of every family would be hundreds of files; the build renders each kernel into
-    its cache folder), and removes samples no longer configured. Returns the files that
-    changed."""
+    """Writes the manifest of every spec, its summary and one rendered sample per template into
+    out_dir (a full render of every family would be hundreds of files; the build renders each
+    kernel into its cache folder), and removes samples no longer configured. Returns the files
+    that changed."""
     changed = []
     wanted = set()
     for spec in samples(specs):
@@ -116,7 +144,7 @@ def render_tree(specs: list[KernelSpec], out_dir: Path) -> list[Path]:
         if stale not in wanted:
             stale.unlink()
             changed.append(stale)
-    manifest = out_dir / MANIFEST
-    if write_if_changed(manifest, manifest_text(specs)):
-        changed.append(manifest)
+    for name, text in ((MANIFEST, manifest_text(specs)), (SUMMARY, summary_text(specs))):
+        if write_if_changed(out_dir / name, text):
+            changed.append(out_dir / name)
     return changed

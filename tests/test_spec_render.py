@@ -117,11 +117,11 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
         assert f"launch_{kind}<Traits, {policies}, flashgen::Dropout>" in render.render_spec(twin)
 
 
-def test_render_tree_writes_a_sample_per_template_and_the_manifest(tmp_path, specs):
+def test_render_tree_writes_a_sample_per_template_the_manifest_and_its_summary(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
-        "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu", "mma/decode_sample.cu",
-        "mma/fwd_sample.cu"]
+        "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu",
+        "mma/decode_sample.cu", "mma/fwd_sample.cu", "summary.md"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
     stale.parent.mkdir()
@@ -154,12 +154,25 @@ def test_the_manifest_lists_every_spec(tmp_path, specs):
                                   "dq_before_dk": True}
 
 
+def test_the_summary_counts_every_spec_once(specs):
+    summary = render.summary_text(specs)
+    assert summary.startswith(f"# {len(specs)} kernels\n")
+    counts = [row.split(" | ") for row in summary.splitlines()
+              if row.startswith("| ") and row.count(" | ") == 6 and row[2:].split()[0] != "family"]
+    assert sum(int(row[4]) for row in counts) == len(specs)
+    assert sum(int(row[5]) for row in counts) == sum(s.dropout for s in specs)
+    assert "| hopper | bwd | sm_90 | 128 | m64n128s2d1 m64n128s3d1 m80n128s2d1 |" in summary
+
+
 def test_committed_generated_tree_matches_a_fresh_render(tmp_path, specs):
-    """The drift check: rerun `flashgen generate --dry-run` and commit generated/ if this fails."""
+    """The drift check on the samples and the summary (the manifest is not tracked): rerun
+    `flashgen generate --dry-run` and commit generated/ if this fails."""
     render.render_tree(specs, tmp_path)
-    fresh = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
+    fresh = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*")
+             if p.is_file() and p.name != render.MANIFEST}
     committed = {p.relative_to(paths.GENERATED_DIR): p.read_text()
-                 for p in paths.GENERATED_DIR.rglob("*") if p.is_file()}
+                 for p in paths.GENERATED_DIR.rglob("*")
+                 if p.is_file() and p.name != render.MANIFEST}
     assert sorted(committed) == sorted(fresh), "generated/ lists other files than the config"
     drifted = [str(p) for p in fresh if fresh[p] != committed[p]]
     assert not drifted, f"generated/ is stale: {drifted}"
