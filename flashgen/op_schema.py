@@ -141,7 +141,9 @@ class Op:
         self.defaults = tuple(a.default for a in self.rows if a.default is not REQUIRED)
         self.schema = (f"{name}({', '.join(a.schema() for a in self.rows)}) -> "
                        f"{RETURNS[name]}")
-        self.outputs = tuple(part.split()[-1] for part in RETURNS[name].strip("()").split(","))
+        # Each output's name ("" where unnamed).
+        self.outputs = tuple((part.split() + [""])[1]
+                             for part in RETURNS[name].strip("()").split(","))
         self.Arguments = namedtuple(f"{name}_arguments", self.names, defaults=self.defaults)
 
     def view(self, arguments: tuple):

@@ -2,72 +2,31 @@
 poisoned_allocations fixture's allocators) and kernel launches that write nothing, every tensor
 that flash_attn_func, flash_attn_varlen_func, scaled_dot_product_attention and
 flash_attn_with_kvcache return, and every gradient they give, is all NaN. Runs the real Python
-path on CPU tensors that report cuda:0, as scripts/host_overhead.py's --cpu-mock does."""
+path on CPU tensors that report cuda:0 (tests/kernel_mock.py)."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from codegen import paths  # noqa: E402
-from codegen.config import load_config  # noqa: E402
-from codegen.spec import enumerate_specs  # noqa: E402
-from flashgen import (backward, decode, flash_attn_func, flash_attn_varlen_func,  # noqa: E402
-                      flash_attn_with_kvcache, forward, launch, loader,
-                      scaled_dot_product_attention)
-from tests.poison import ALLOCATORS, poison_allocations  # noqa: E402
-
-
-def launcher(kind: str, mask: str) -> loader.Launcher:
-    """The mma family's sm_80 bf16 hd64 main-tile kernel of that kind and mask, at address 0:
-    the binding below launches nothing."""
-    (spec,) = enumerate_specs(load_config(paths.DEFAULT_CONFIG), archs=["sm_80"], head_dims=[64],
-                              dtypes=["bf16"], masks=[mask], kinds=[kind], family_names=["mma"],
-                              alt_tiles=False, score_mods=["none"], dropout=False)
-    return loader.Launcher(spec, 0, 0, None)
-
-
-def on_the_cpu(allocate):
-    """allocate, with a device argument (the tensors report cuda:0) sent to the CPU."""
-    def allocating(*args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = "cpu"
-        return allocate(*args, **kwargs)
-    return allocating
+from flashgen import (flash_attn_func, flash_attn_varlen_func,  # noqa: E402
+                      flash_attn_with_kvcache, scaled_dot_product_attention)
+from tests import kernel_mock  # noqa: E402
+from tests.poison import poison_allocations  # noqa: E402
 
 
 @pytest.fixture
 def kernels_that_write_nothing(monkeypatch):
-    """CPU tensors that report cuda:0, allocations on the CPU, fixed kernel choices (the mma
-    family's hd64 kernels), and a binding whose launches return without writing; then the
-    poison. Records the launches."""
-    cuda0 = torch.device("cuda", 0)
-    monkeypatch.setattr(torch.Tensor, "device", property(lambda t: cuda0))
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
-    monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
-    for owner, name in ALLOCATORS:
-        monkeypatch.setattr(owner, name, on_the_cpu(getattr(owner, name)))
+    """tests/kernel_mock.py's launches, which write nothing, under the poison: the binding
+    entries launched, in order, as they come."""
+    launches = kernel_mock.install(monkeypatch).launches
     poison_allocations(monkeypatch)
-
-    launches = []
-    binding = SimpleNamespace(**{kind: lambda *args, kind=kind: launches.append(kind)
-                                 for kind in ("fwd", "bwd", "decode")})
-    monkeypatch.setattr(loader, "binding", lambda: binding)
-    monkeypatch.setattr(launch, "_current_stream", lambda index: 0)
-    monkeypatch.setattr(launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(launch, "device_resources", lambda index: (108, 40 << 20))  # an A100's
-    fwd = {mask: launcher("fwd", mask) for mask in ("none", "causal")}
-    bwd = {mask: launcher("bwd", mask) for mask in ("none", "causal")}
-    monkeypatch.setattr(forward, "_plan", lambda device, dtype, head_dim, mask, *rest: (
-        fwd[mask], None, {"ranks_per_round": 1}, False))
-    monkeypatch.setattr(backward, "_choose", lambda device, dtype, head_dim, mask, *rest: (
-        bwd[mask], None))
-    decode_launcher = launcher("decode", "none")
-    monkeypatch.setattr(decode, "_plan", lambda *args: (decode_launcher, 216))
     return launches
+
+
+def entries(launches) -> list[str]:
+    return [entry for entry, _ in launches]
 
 
 def assert_all_nan(**tensors):
@@ -87,7 +46,7 @@ def test_flash_attn_funcs_out_lse_and_gradients_are_poisoned(kernels_that_write_
     q, k, v = qkv((2, 40, 4, 64), (2, 56, 2, 64), (2, 56, 2, 64))
     out, lse, _ = flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     out.backward(torch.randn_like(out))  # randn: written, not poisoned
-    assert kernels_that_write_nothing == ["fwd", "bwd"]
+    assert entries(kernels_that_write_nothing) == ["fwd", "bwd"]
     assert_all_nan(out=out, lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
 
 
@@ -99,7 +58,7 @@ def test_flash_attn_varlen_funcs_out_lse_and_gradients_are_poisoned(kernels_that
     out, lse, _ = flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max(lengths_q),
                                          max(lengths_k), causal=True, return_attn_probs=True)
     out.backward(torch.randn_like(out))
-    assert kernels_that_write_nothing == ["fwd", "bwd"]
+    assert entries(kernels_that_write_nothing) == ["fwd", "bwd"]
     assert_all_nan(out=out, lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
 
 
@@ -107,7 +66,7 @@ def test_sdpas_out_and_gradients_are_poisoned(kernels_that_write_nothing):
     q, k, v = qkv((2, 4, 40, 64), (2, 4, 56, 64), (2, 4, 56, 64))
     out = scaled_dot_product_attention(q, k, v)
     out.backward(torch.randn_like(out))
-    assert kernels_that_write_nothing == ["fwd", "bwd"]
+    assert entries(kernels_that_write_nothing) == ["fwd", "bwd"]
     assert_all_nan(out=out, dq=q.grad, dk=k.grad, dv=v.grad)
 
 
@@ -126,5 +85,5 @@ def test_flash_attn_with_kvcaches_out_and_lse_are_poisoned(kernels_that_write_no
     out, lse = flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                        block_table=block_table, causal=True,
                                        num_splits=num_splits, return_softmax_lse=True)
-    assert kernels_that_write_nothing == ["decode"]
+    assert entries(kernels_that_write_nothing) == ["decode"]
     assert_all_nan(out=out, lse=lse)
