@@ -12,6 +12,7 @@ gradient (dout), fwd's outputs (out, lse) or the backward itself (attn_bias_grad
 
 from __future__ import annotations
 
+import inspect
 import operator
 from collections import namedtuple
 from dataclasses import dataclass
@@ -155,8 +156,6 @@ class Op:
         """function, after checking that its parameters are this op's arguments by name, in
         order, with their defaults: the kernel functions take them directly (a view would cost
         0.3 us per call)."""
-        import inspect
-
         found = [(p.name, REQUIRED if p.default is p.empty else p.default)
                  for p in inspect.signature(function).parameters.values()]
         wanted = [(a.name, a.default) for a in self.rows]
@@ -207,8 +206,8 @@ fwd_kvcache_arguments = _keyword_call(FWD_KVCACHE)
 
 class Saved:
     """What fwd's autograd keeps for bwd, by name: fwd's arguments that bwd takes too (tensors
-    with save_for_backward, the rest on ctx) and fwd's outputs; `bwd_arguments` rebuilds bwd's
-    arguments in its order from them, the backward's gradient and attn_bias_grad."""
+    with save_for_backward, the rest on ctx) and fwd's outputs; `bwd_order` picks bwd's
+    arguments in its order out of them, the backward's gradient and attn_bias_grad."""
 
     def __init__(self):
         fwd, bwd = OPS[FWD], OPS[BWD]
