@@ -192,9 +192,13 @@ def _attention_call():
 
 def _keyword_call(name: str):
     """A function that takes an op's arguments by keyword (a variant's tensors as one tuple,
-    variant_tensors) and returns them in the op's order: no dict is built per call."""
+    variant_tensors; the defaulted ones optional) and returns them in the op's order: no dict is
+    built per call."""
     op = OPS[name]
-    parameters = [a.name for a in op.rows if a.slot is None] + ["variant_tensors"]
+    parameters = [a.name if a.default is REQUIRED else f"{a.name}={a.default!r}"
+                  for a in op.rows if a.slot is None]
+    parameters.insert(next(i for i, a in enumerate(op.rows) if a.slot is not None),
+                      "variant_tensors")
     values = [a.name if a.slot is None else _slot(a.slot, "variant_tensors") for a in op.rows]
     return _function(f"def {name}_arguments(*, {', '.join(parameters)}):\n"
                      f"    return ({', '.join(f'({e})' for e in values)},)\n")
@@ -202,6 +206,7 @@ def _keyword_call(name: str):
 
 fwd_arguments = _attention_call()
 fwd_kvcache_arguments = _keyword_call(FWD_KVCACHE)
+mask_ranges_arguments = _keyword_call(MASK_RANGES)
 
 
 class Saved:

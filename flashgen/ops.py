@@ -21,11 +21,11 @@ import operator
 
 import torch
 
-from codegen import params
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
 from flashgen import backward, decode, forward, launch, variants
-from flashgen.op_schema import BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments
+from flashgen.op_schema import (BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments,
+                                mask_ranges_arguments)
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the
@@ -64,7 +64,10 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
 def mask_ranges(variant: str, q, k, tensors: tuple, varlen: tuple = ()):
     """flashgen::mask_ranges(...): a variant's mask ranges for q and k (batch, seq, heads, dim)
     as passed to fwd; varlen as in attention()."""
-    arguments = (q, k, variant, *_slots(tensors), *varlen)
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen or (None, None, 0, 0)
+    arguments = mask_ranges_arguments(q=q, k=k, variant=variant, variant_tensors=tensors,
+                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if _runs_plain_eager((q, k, *tensors)):
         return _mask_ranges_cuda(*arguments)
     return torch.ops.flashgen.mask_ranges.default(*arguments)
@@ -91,11 +94,6 @@ def _mask_ranges_fake(*arguments):
     shape = variants.block_mask_shape(variants.resolve(a.variant), batch, a.q.shape[2],
                                       seqlen_q, seqlen_k)
     return a.q.new_empty(shape, dtype=torch.int32)
-
-
-def _slots(tensors: tuple) -> tuple:
-    """A variant's tensors as the ops' variant_tensor0.. arguments."""
-    return (*tensors, *(None,) * (params.VARIANT_TENSORS - len(tensors)))
 
 
 def _present(*slots) -> tuple:

@@ -267,7 +267,9 @@ def test_every_fwd_kvcache_argument_reaches_the_kernels_params(mocked):
     assert pointer_and_strides(args, "o", out) and args.softmax_lse == lse.data_ptr()
 
 
-def test_every_mask_ranges_argument_reaches_the_kernels_params(mocked):
+@pytest.mark.parametrize("entry", ["op", "ops.mask_ranges"])
+def test_every_mask_ranges_argument_reaches_the_kernels_params(mocked, entry):
+    """Through the op, and through ops.mask_ranges (variants.py's call, by keyword)."""
     tensors = variant_tensors()
     a = dict(q=torch.randn(1, 8, HEADS, HEAD_DIM, dtype=torch.bfloat16),
              k=torch.randn(1, 13, HEADS_KV, HEAD_DIM, dtype=torch.bfloat16), variant="document",
@@ -275,7 +277,12 @@ def test_every_mask_ranges_argument_reaches_the_kernels_params(mocked):
              cu_seqlens_q=torch.tensor(CU_SEQLENS_Q, dtype=torch.int32),
              cu_seqlens_k=torch.tensor(CU_SEQLENS_K, dtype=torch.int32),
              max_seqlen_q=MAX_SEQLEN_Q, max_seqlen_k=MAX_SEQLEN_K)
-    ranges = OP[MASK_RANGES](*(a[name] for name in OPS[MASK_RANGES].names))
+    if entry == "op":
+        ranges = OP[MASK_RANGES](*(a[name] for name in OPS[MASK_RANGES].names))
+    else:
+        ranges = ops.mask_ranges(a["variant"], a["q"], a["k"], tuple(tensors),
+                                 (a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"],
+                                  a["max_seqlen_k"]))
 
     args = launched(mocked, MASK_RANGES)
     (plan,) = mocked.fwd_plans  # the variant's forward kernel holds its mask-range kernels
