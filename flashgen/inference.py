@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from codegen.score_mods import PLAIN
-from flashgen import ops, validate, variants
+from flashgen import op_schema, ops, validate, variants
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -75,11 +75,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page)
-    out, lse = ops.attention_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin,
-                                          cache_seqlens, cache_batch_idx, block_table, scale,
-                                          mods.softcap, mods.alibi_slopes, band.left, band.right,
-                                          bool(rotary_interleaved), num_splits, variant=name,
-                                          variant_tensors=tensors)
+    out, lse = ops.attention_with_kvcache(op_schema.fwd_kvcache_arguments(
+        q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v, rotary_cos=rotary_cos,
+        rotary_sin=rotary_sin, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, scale=scale, window_left=band.left, window_right=band.right,
+        softcap=mods.softcap, alibi_slopes=mods.alibi_slopes,
+        rotary_interleaved=bool(rotary_interleaved), num_splits=num_splits, variant=name,
+        variant_tensors=tensors))
     return (out, lse) if return_softmax_lse else out
 
 

@@ -17,12 +17,15 @@ and 168-178 us through the dispatcher.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
-from codegen import params
 from codegen.masks import Band
 from codegen.score_mods import PLAIN, Modifiers
 from flashgen import backward, decode, forward, launch, variants
+from flashgen.op_schema import (BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments,
+                                mask_ranges_arguments)
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the
@@ -30,76 +33,25 @@ from flashgen.validate import SUPPORTED_DTYPES
 # for their inputs (its default for custom ops differs across torch versions).
 _TAGS = (torch.Tag.pt2_compliant_tag, torch.Tag.needs_fixed_stride_order)
 _LIBRARY = torch.library.Library("flashgen", "DEF")
-# A variant's tensors as separate optional arguments (params.h's slots): a Tensor[] argument would
-# make autograd match gradients to the arguments as the caller passed them, defaults left out.
-_VARIANT_TENSOR_ARGUMENTS = "".join(f"Tensor? variant_tensor{i}, "
-                                    for i in range(params.VARIANT_TENSORS))
-# mask: a mask kind (codegen/masks.py); mask_offset, window_left and window_right its per-call
-# band (codegen/masks.py's Band, params.h); softcap > 0 caps the scores, alibi_slopes (fp32
-# (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive fp32) bias them; variant
-# names a config-defined variant (or ""), with its tensors and its mask's block ranges
-# (codegen/score_mods.py's Modifiers, flashgen/variants.py);
-# dropout_p > 0 drops probabilities under the Philox key in dropout_seed ((1,) int64, drawn once
-# per forward: the backward regenerates the same mask from it, common/dropout.cuh).
-# cu_seqlens_q, cu_seqlens_k and the longest lengths make a variable-length batch packed into (1,
-# total rows, heads, dim) views (flash_attn_varlen_func); seqused_k and page_table are room the
-# kernels refuse until they exist.
-_LIBRARY.define("fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
-                "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-                "Tensor? attn_bias, str variant, " + _VARIANT_TENSOR_ARGUMENTS +
-                "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
-                "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, "
-                "Tensor? cu_seqlens_k=None, Tensor? seqused_k=None, Tensor? page_table=None, "
-                "SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)",
-                tags=_TAGS)
-# attn_bias_grad: also the gradient of attn_bias, dbias (batch, heads, seqlen_q, seqlen_k) fp32
-# (else an empty tensor).
-_LIBRARY.define("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-                "bool attn_bias_grad, float scale, str mask, SymInt mask_offset, "
-                "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-                "Tensor? attn_bias, str variant, " +
-                _VARIANT_TENSOR_ARGUMENTS +
-                "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, "
-                "bool deterministic, bool heads_first, "
-                "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
-                "SymInt max_seqlen_k=0) -> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
-                tags=_TAGS)
-
-# A config-defined variant's mask ranges (flashgen/variants.py) for q and k as passed to fwd, a
-# variable-length batch's sizes with them.
-_LIBRARY.define("mask_ranges(str variant, Tensor q, Tensor k, Tensor[] variant_tensors, "
-                "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, "
-                "SymInt max_seqlen_k=0) -> Tensor", tags=_TAGS)
-
-# Attention over a KV cache (flash_attn_with_kvcache): k and v, when given, are appended to the
-# caches in place at cache_seqlens; the queries see the band window_left .. window_right around
-# their position (bottom-right aligned per sequence, codegen/masks.py); softcap > 0 caps the
-# scores, alibi_slopes biases them; num_splits 0 lets flashgen/decode.py choose; variant (a
-# config-defined one's name, or "") and its tensors as in fwd. Not differentiable.
-_LIBRARY.define("fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, "
-                "Tensor? v, Tensor? rotary_cos, Tensor? rotary_sin, Tensor? cache_seqlens, "
-                "Tensor? cache_batch_idx, Tensor? block_table, float scale, float softcap, "
-                "Tensor? alibi_slopes, int window_left, int window_right, "
-                "bool rotary_interleaved, int num_splits, str variant=\"\", " +
-                _VARIANT_TENSOR_ARGUMENTS.replace(",", "=None,").rstrip(", ") +
-                ") -> (Tensor out, Tensor lse)", tags=_TAGS)
+# Each op's arguments are flashgen/op_schema.py's rows: fwd, bwd (fwd's backward), mask_ranges (a
+# config-defined variant's mask ranges for q and k as passed to fwd) and fwd_kvcache (attention
+# over a KV cache, flash_attn_with_kvcache: k_new and v_new, when given, are appended to the
+# caches in place at cache_seqlens; not differentiable).
+for _op in OPS.values():
+    _LIBRARY.define(_op.schema, tags=_TAGS)
+_FWD, _BWD, _FWD_KVCACHE, _MASK_RANGES = (OPS[name] for name in (FWD, BWD, FWD_KVCACHE,
+                                                                  MASK_RANGES))
 
 
 def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
-              heads_first: bool, varlen: tuple = (), mods: Modifiers = Modifiers()):
+              heads_first: bool, varlen: tuple = (), mods: Modifiers = PLAIN):
     """out, lse = flashgen::fwd(...) for validated (batch, seq, heads, dim) views of one fp16/bf16
     dtype; band: the mask's run-time arguments; mods: the score modifier's and the variant's.
     Differentiable in q, k and v (not through lse); deterministic only concerns the backward,
     which it makes bit-reproducible. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k) for a variable-length batch packed into (1, total, heads, dim) views."""
-    variant = mods.variant
-    arguments = (q, k, v, scale, mask, band.offset, band.left, band.right, mods.softcap,
-                 mods.alibi_slopes, mods.attn_bias, "" if variant is None else variant.name,
-                 *_slots(mods.variant_tensors), mods.mask_ranges, mods.dropout_p,
-                 mods.dropout_seed, deterministic, heads_first)
-    if varlen:
-        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen
-        arguments += (cu_seqlens_q, cu_seqlens_k, None, None, max_seqlen_q, max_seqlen_k)
+    arguments = fwd_arguments(q, k, v, scale, mask, band, deterministic, heads_first, mods,
+                              varlen)
     if _runs_plain_eager((q, k, v), records_autograd=True):
         if not torch.is_grad_enabled():
             return _fwd_cuda(*arguments)
@@ -112,35 +64,41 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
 def mask_ranges(variant: str, q, k, tensors: tuple, varlen: tuple = ()):
     """flashgen::mask_ranges(...): a variant's mask ranges for q and k (batch, seq, heads, dim)
     as passed to fwd; varlen as in attention()."""
-    arguments = (variant, q, k, list(tensors), *varlen)
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = varlen or (None, None, 0, 0)
+    arguments = mask_ranges_arguments(q=q, k=k, variant=variant, variant_tensors=tensors,
+                                      cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     if _runs_plain_eager((q, k, *tensors)):
         return _mask_ranges_cuda(*arguments)
     return torch.ops.flashgen.mask_ranges.default(*arguments)
 
 
-def _mask_ranges_cuda(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=None,
-                      max_seqlen_q=0, max_seqlen_k=0):
+@_MASK_RANGES.implements
+def _mask_ranges_cuda(q, k, variant, variant_tensor0, variant_tensor1, variant_tensor2,
+                      variant_tensor3, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0,
+                      max_seqlen_k=0):
     v = variants.resolve(variant)
     varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                               max_seqlen_k)
     launcher = forward.launcher_for(q, SUPPORTED_DTYPES[q.dtype], v.name,
                                     v.name if v.score_mod else "none", varlen)
-    return variants.compute_mask_ranges(v, q, k, tuple(tensors), varlen, launcher)
+    tensors = _present(variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3)
+    return variants.compute_mask_ranges(v, q, k, tensors, varlen, launcher)
 
 
-def _mask_ranges_fake(variant, q, k, tensors, cu_seqlens_q=None, cu_seqlens_k=None,
-                      max_seqlen_q=0, max_seqlen_k=0):
-    batch, seqlen_q, seqlen_k = q.shape[0], q.shape[1], k.shape[1]
-    if cu_seqlens_q is not None:
-        batch, seqlen_q, seqlen_k = cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k
-    shape = variants.block_mask_shape(variants.resolve(variant), batch, q.shape[2], seqlen_q,
-                                      seqlen_k)
-    return q.new_empty(shape, dtype=torch.int32)
+def _mask_ranges_fake(*arguments):
+    a = _MASK_RANGES.view(arguments)
+    batch, seqlen_q, seqlen_k = a.q.shape[0], a.q.shape[1], a.k.shape[1]
+    if a.cu_seqlens_q is not None:
+        batch, seqlen_q, seqlen_k = a.cu_seqlens_q.shape[0] - 1, a.max_seqlen_q, a.max_seqlen_k
+    shape = variants.block_mask_shape(variants.resolve(a.variant), batch, a.q.shape[2],
+                                      seqlen_q, seqlen_k)
+    return a.q.new_empty(shape, dtype=torch.int32)
 
 
-def _slots(tensors: tuple) -> tuple:
-    """A variant's tensors as the ops' variant_tensor0.. arguments."""
-    return (*tensors, *(None,) * (params.VARIANT_TENSORS - len(tensors)))
+def _present(*slots) -> tuple:
+    """A variant's tensors from the ops' variant_tensor0.. arguments."""
+    return tuple(t for t in slots if t is not None)
 
 
 def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors, mask_ranges,
@@ -151,9 +109,8 @@ def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors, mask_
             return PLAIN  # the common call: no object to build
         return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                          dropout_p=dropout_p, dropout_seed=dropout_seed)
-    tensors = tuple(t for t in variant_tensors if t is not None)
     return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
-                     variant=variants.resolve(variant), variant_tensors=tensors,
+                     variant=variants.resolve(variant), variant_tensors=_present(*variant_tensors),
                      mask_ranges=mask_ranges, dropout_p=dropout_p, dropout_seed=dropout_seed)
 
 
@@ -175,111 +132,123 @@ def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
     return True
 
 
-def attention_with_kvcache(*arguments, variant: str = "", variant_tensors: tuple = ()):
-    """out, lse = flashgen::fwd_kvcache(*arguments, variant, *variant_tensors) for validated
-    arguments in its schema's order."""
-    arguments = (*arguments, variant, *_slots(variant_tensors))
-    if _runs_plain_eager(t for t in arguments[:5] if t is not None):
-        return decode.decode(*arguments)
+def attention_with_kvcache(arguments: tuple):
+    """out, lse = flashgen::fwd_kvcache(*arguments) for validated arguments in its order
+    (op_schema.fwd_kvcache_arguments takes them by name)."""
+    if _runs_plain_eager(t for t in _kvcache_inputs(arguments) if t is not None):
+        return _fwd_kvcache_cuda(*arguments)
     return torch.ops.flashgen.fwd_kvcache.default(*arguments)
 
 
-def _fwd_kvcache_fake(q, *_):
+# The tensors whose kind decides where fwd_kvcache runs (the rest are small int32 and rotary
+# tables on the same device).
+_kvcache_inputs = operator.itemgetter(*(_FWD_KVCACHE.position[name] for name in (
+    "q", "k_cache", "v_cache", "k_new", "v_new")))
+
+
+@_FWD_KVCACHE.implements
+def _fwd_kvcache_cuda(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                      cache_batch_idx, block_table, scale, window_left, window_right, softcap,
+                      alibi_slopes, rotary_interleaved, num_splits, variant, variant_tensor0,
+                      variant_tensor1, variant_tensor2, variant_tensor3):
+    return decode.decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
+                         cache_seqlens, cache_batch_idx, block_table, scale, softcap,
+                         alibi_slopes, window_left, window_right, rotary_interleaved, num_splits,
+                         variant, variant_tensor0, variant_tensor1, variant_tensor2,
+                         variant_tensor3)
+
+
+def _fwd_kvcache_fake(*arguments):
+    q = _FWD_KVCACHE.view(arguments).q
     batch, seqlen_q, heads, _ = q.shape
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
 
 
+@_FWD.implements
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              dropout_p, dropout_seed, deterministic, heads_first, *layout):
+              alibi_slopes, attn_bias, variant, variant_tensor0, variant_tensor1,
+              variant_tensor2, variant_tensor3, mask_ranges, dropout_p, dropout_seed,
+              deterministic, heads_first, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+              page_table=None, max_seqlen_q=0, max_seqlen_k=0):
     return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
-                           Band(mask_offset, window_left, window_right), heads_first, *layout,
+                           Band(mask_offset, window_left, window_right), heads_first,
+                           cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
+                           max_seqlen_k,
                            mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
-                                           (vt0, vt1, vt2, vt3), mask_ranges, dropout_p,
+                                           (variant_tensor0, variant_tensor1, variant_tensor2,
+                                            variant_tensor3), mask_ranges, dropout_p,
                                            dropout_seed))
 
 
-def _fwd_fake(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3, mask_ranges,
-              dropout_p, dropout_seed, deterministic, heads_first, *layout):
-    return forward.empty_outputs(q, heads_first)
+def _fwd_fake(*arguments):
+    a = _FWD.view(arguments)
+    return forward.empty_outputs(a.q, a.heads_first)
 
 
+@_BWD.implements
 def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset, window_left,
-              window_right, softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3,
-              mask_ranges, dropout_p, dropout_seed, deterministic, heads_first, *layout):
+              window_right, softcap, alibi_slopes, attn_bias, variant, variant_tensor0,
+              variant_tensor1, variant_tensor2, variant_tensor3, mask_ranges, dropout_p,
+              dropout_seed, deterministic, heads_first, cu_seqlens_q=None, cu_seqlens_k=None,
+              max_seqlen_q=0, max_seqlen_k=0):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
     *grads, dbias = backward.backward(
         dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
-        Band(mask_offset, window_left, window_right), deterministic, heads_first, *layout,
-        mods=_modifiers(softcap, alibi_slopes, attn_bias, variant, (vt0, vt1, vt2, vt3),
+        Band(mask_offset, window_left, window_right), deterministic, heads_first, cu_seqlens_q,
+        cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
+                        (variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3),
                         mask_ranges, dropout_p, dropout_seed),
         attn_bias_grad=attn_bias_grad)
     return (*grads, q.new_empty(0, dtype=torch.float32) if dbias is None else dbias)
 
 
-def _bwd_fake(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset, window_left,
-              window_right, softcap, alibi_slopes, attn_bias, variant, vt0, vt1, vt2, vt3,
-              mask_ranges, dropout_p, dropout_seed, deterministic, heads_first, *layout):
+def _bwd_fake(*arguments):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out; dbias
     (batch, heads, seqlen_q, seqlen_k) fp32 or empty."""
-    batch, seqlen_q, heads, _ = q.shape
-    dbias = (q.new_empty(batch, heads, seqlen_q, k.shape[1], dtype=torch.float32)
-             if attn_bias_grad else q.new_empty(0, dtype=torch.float32))
-    return (*(launch.empty_output(t, heads_first) for t in (q, k, v)), dbias)
+    a = _BWD.view(arguments)
+    batch, seqlen_q, heads, _ = a.q.shape
+    dbias = (a.q.new_empty(batch, heads, seqlen_q, a.k.shape[1], dtype=torch.float32)
+             if a.attn_bias_grad else a.q.new_empty(0, dtype=torch.float32))
+    return (*(launch.empty_output(t, a.heads_first) for t in (a.q, a.k, a.v)), dbias)
 
 
-# flashgen::fwd's arguments scale (3) to heads_first (20) are bwd's too, in its order; among them
-# (counted from scale) the tensors alibi_slopes, attn_bias, variant_tensor0..3, mask_ranges and
-# dropout_seed.
-_SHARED = slice(3, 21)
-_SHARED_TENSORS = (6, 7, 9, 10, 11, 12, 13, 15)
-_FWD_ARGUMENTS = 27
-_ATTN_BIAS = 10  # attn_bias's place among fwd's arguments
+# The tensors whose kind decides where bwd runs.
+_bwd_inputs = operator.itemgetter(*(_BWD.position[name] for name in (
+    "dout", "q", "k", "v", "out", "lse")))
+# attn_bias's place among fwd's arguments: its needs_input_grad asks for dbias.
+_ATTN_BIAS = _FWD.position["attn_bias"]
 
 
-def _save_for_backward(ctx, inputs, output):
-    q, k, v = inputs[:3]
-    out, lse = output
-    shared = list(inputs[_SHARED])
-    ctx.save_for_backward(q, k, v, out, lse, *(shared[i] for i in _SHARED_TENSORS))
-    for i in _SHARED_TENSORS:  # saved above
-        shared[i] = None
-    ctx.arguments = shared
-    # cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k (None, None, 0, 0 unless varlen)
-    ctx.varlen = (*inputs[21:23], *inputs[25:27])
+def _save_for_backward(ctx, arguments, output):
+    """arguments: fwd's, every one (_fwd_autograd fills the defaults in)."""
+    ctx.save_for_backward(*SAVED.tensors(arguments), *output)
+    ctx.values = SAVED.values(arguments)
     # lse is not differentiable, as in PyTorch's own flash attention: it gets no gradient, and
     # autograd raises if lse alone is backpropagated. Without materialised gradients, autograd
     # does not allocate and zero one for lse on every backward.
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(output[1])
     ctx.set_materialize_grads(False)
 
 
 def _fwd_backward(ctx, dout, _dlse):
-    no_gradient = (None,) * _FWD_ARGUMENTS
+    no_gradient = (None,) * len(_FWD.names)
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
-    q, k, v, out, lse, *tensors = ctx.saved_tensors
-    shared = list(ctx.arguments)
-    for i, tensor in zip(_SHARED_TENSORS, tensors):
-        shared[i] = tensor
     bias_grad = ctx.needs_input_grad[_ATTN_BIAS]
-    arguments = (dout, q, k, v, out, lse, bias_grad, *shared, *ctx.varlen)
-    if _runs_plain_eager(arguments[:6]):
-        dq, dk, dv, dbias = _bwd_cuda(*arguments)
+    arguments = SAVED.bwd_order((dout, bias_grad, *ctx.saved_tensors, *ctx.values))
+    if _runs_plain_eager(_bwd_inputs(arguments)):
+        outputs = _bwd_cuda(*arguments)
     else:
-        dq, dk, dv, dbias = torch.ops.flashgen.bwd.default(*arguments)
-    gradients = [dq, dk, dv, *no_gradient[3:]]
-    if bias_grad:
-        gradients[_ATTN_BIAS] = dbias
+        outputs = torch.ops.flashgen.bwd.default(*arguments)
+    gradients = list(no_gradient)
+    for position, output in SAVED.gradients:
+        gradients[position] = outputs[output]
+    if not bias_grad:  # bwd's dbias is then an empty tensor
+        gradients[_ATTN_BIAS] = None
     return tuple(gradients)
-
-
-# Trailing arguments the dispatcher leaves out when they equal their defaults (cu_seqlens_q to
-# max_seqlen_k), for the saved arguments' fixed places.
-_FWD_DEFAULTS = (None, None, None, None, 0, 0)
 
 
 class _Attention(torch.autograd.Function):
@@ -309,6 +278,12 @@ def _fwd_below_autograd(keyset, arguments):
             keyset & torch._C._after_autograd_keyset, *arguments)
 
 
+# fwd's argument count, and the trailing defaults the dispatcher leaves out of a call that
+# passes them unchanged.
+_FWD_ARGUMENTS = len(_FWD.names)
+_FWD_DEFAULTS = _FWD.defaults
+
+
 def _fwd_autograd(keyset, *arguments):
     """flashgen::fwd's autograd kernel; keyset None: called by attention() for a plain eager call,
     with no dispatcher around it."""
@@ -328,7 +303,7 @@ def _no_double_backward(ctx, *grads):
 
 _LIBRARY.impl("fwd", _fwd_cuda, "CUDA")
 _LIBRARY.impl("bwd", _bwd_cuda, "CUDA")
-_LIBRARY.impl("fwd_kvcache", decode.decode, "CUDA")
+_LIBRARY.impl("fwd_kvcache", _fwd_kvcache_cuda, "CUDA")
 torch.library.register_fake("flashgen::fwd", _fwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::bwd", _bwd_fake, lib=_LIBRARY)
 torch.library.register_fake("flashgen::fwd_kvcache", _fwd_kvcache_fake, lib=_LIBRARY)

@@ -24,6 +24,9 @@ BWD = torch.ops.flashgen.bwd.default
 # The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
 # its four tensor slots, mask ranges, dropout_p and dropout_seed.
 NO_EXTRAS = (None, "", None, None, None, None, None, 0.0, None)
+# forward.forward's cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, max_seqlen_q and max_seqlen_k
+# for equal lengths (backward.backward takes all but seqused_k and page_table).
+NO_LAYOUT = (None, None, None, None, 0, 0)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
 SHAPES = [(2, 17, 33, 8, 2, 64), (1, 1, 1, 4, 4, 32), (3, 40, 9, 6, 1, 128), (2, 0, 5, 2, 2, 64)]
 
@@ -276,7 +279,7 @@ def reference_kernels(monkeypatch):
     calls = {"forward": [], "backward": []}
 
     def reference_forward(q, k, v, dtype, scale, mask, band, heads_first, *layout, mods):
-        assert all(t is None for t in layout)  # no variable-length or paged arguments
+        assert layout == NO_LAYOUT  # no variable-length or paged arguments
         assert mods.score_mod == "none"
         calls["forward"].append(dict(q=q, k=k, v=v, dtype=dtype, scale=scale, mask=mask,
                                      band=band, heads_first=heads_first))
@@ -287,7 +290,7 @@ def reference_kernels(monkeypatch):
 
     def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, band, deterministic,
                            heads_first, *layout, mods, attn_bias_grad):
-        assert all(t is None for t in layout) and mods.score_mod == "none"
+        assert layout == NO_LAYOUT[:2] + NO_LAYOUT[4:] and mods.score_mod == "none"
         assert not attn_bias_grad
         calls["backward"].append(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dtype=dtype,
                                       scale=scale, mask=mask, band=band,
@@ -490,6 +493,6 @@ def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
         table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
         seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
         out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, table,
-                           0.125, 0.0, None, UNBOUNDED, 0, True, 0)
+                           0.125, UNBOUNDED, 0, 0.0, None, True, 0, "", None, None, None, None)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32

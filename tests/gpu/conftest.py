@@ -3,21 +3,16 @@ import pytest
 
 @pytest.fixture
 def poisoned_allocations(monkeypatch):
-    """Every floating-point tensor allocated with torch.empty or torch.empty_permuted (flashgen's
-    uninitialised allocations) starts as NaN, so an element a kernel forgets to write shows.
-    torch.zeros is left alone: zeroed buffers are a legitimate choice. Seeds the generator."""
+    """Every floating-point tensor that torch.empty, empty_like, empty_strided, empty_permuted,
+    Tensor.new_empty or Tensor.new_empty_strided makes (every uninitialised allocation, so every
+    output flashgen returns or writes: tests/test_poison_cpu.py) starts as NaN, so an element a
+    kernel forgets to write shows. torch.zeros is left alone: zeroed buffers are a legitimate
+    choice. Seeds the generator."""
     import torch
 
-    def poisoning(allocate):
-        def poisoned(*args, **kwargs):
-            t = allocate(*args, **kwargs)
-            if t.is_floating_point():
-                t.fill_(float("nan"))
-            return t
-        return poisoned
+    from tests.poison import poison_allocations
 
-    monkeypatch.setattr(torch, "empty", poisoning(torch.empty))
-    monkeypatch.setattr(torch, "empty_permuted", poisoning(torch.empty_permuted))
+    poison_allocations(monkeypatch)
     torch.manual_seed(0)
 
 
