@@ -9,9 +9,9 @@ import functools
 import torch
 
 from codegen.arch import arch_for_capability
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from flashgen import families, launch, loader, registry
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band: Band,

@@ -13,10 +13,10 @@ import torch
 from codegen import params
 from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
-from codegen.masks import Band
 from codegen.params import WINDOW_UNBOUNDED
-from codegen.score_mods import Modifiers
 from flashgen import dispatch, forward, launch, loader, registry, variants
+from flashgen.band import Band
+from flashgen.modifiers import Modifiers
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.

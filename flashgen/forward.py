@@ -11,10 +11,10 @@ import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from codegen.spec import KernelSpec
 from flashgen import families, launch, loader, registry
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
@@ -26,7 +26,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
     i + band.offset - band.left <= j <= i + band.offset + band.right. mods: the score modifier,
-    the variant and their arguments (codegen/score_mods.py's Modifiers). With cu_seqlens_q and
+    the variant and their arguments (flashgen/modifiers.py's Modifiers). With cu_seqlens_q and
     cu_seqlens_k (int32, batch + 1) the views are a variable-length batch packed as (1, total,
     heads, dim), its longest sequences max_seqlen_q and
     max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).

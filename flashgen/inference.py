@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.score_mods import PLAIN
 from flashgen import ops, validate, variants
+from flashgen.modifiers import PLAIN
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from flashgen import ops, validate, variants
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 
 from codegen import params
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from flashgen import backward, decode, forward, launch, variants
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 from flashgen.validate import SUPPORTED_DTYPES
 
 # pt2_compliant: the ops work under torch.compile (the GPU tests run opcheck). The kernels need the

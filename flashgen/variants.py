@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from codegen import params
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from codegen.variants import DTYPES, Variant
 from flashgen import launch, loader, registry
+from flashgen.band import Band
 from flashgen.dispatch import DispatchError
+from flashgen.modifiers import PLAIN, Modifiers
 
 MASK_RANGE_ROWS = 16  # common/variant.cuh's kMaskRangeRows
 MASK_RANGE_INTS = 4   # and the ints of its MaskRange (kMaskRangeInts)

@@ -25,9 +25,10 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 from codegen import build, params, paths  # noqa: E402
 from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
-from codegen.masks import MASKS, Band  # noqa: E402
+from codegen.masks import MASKS  # noqa: E402
 from flashgen import backward, decode, forward, launch, loader  # noqa: E402
 from flashgen import schedule  # noqa: E402
+from flashgen.band import Band  # noqa: E402
 from flashgen.families import hopper, mma  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")

@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
+from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 from flashgen import (backward, flash_attn_func, forward, launch, ops,  # noqa: E402
                       scaled_dot_product_attention)
+from flashgen.band import Band  # noqa: E402
 from flashgen.reference import attention_ref  # noqa: E402
-from codegen.masks import Band  # noqa: E402
-from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default

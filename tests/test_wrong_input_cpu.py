@@ -209,8 +209,8 @@ def test_a_boolean_attn_mask_becomes_a_broadcast_bias():
 
 
 def test_a_score_variant_replaces_the_score_modifier_and_keeps_the_mask():
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
     from flashgen import variants
 
     q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)  # (batch, seq, heads, dim)
@@ -224,8 +224,8 @@ def test_a_score_variant_replaces_the_score_modifier_and_keeps_the_mask():
 
 
 def test_a_mask_variant_takes_its_block_mask_ranges():
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
     from flashgen import variants
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
@@ -244,8 +244,8 @@ def test_a_mask_variant_takes_its_block_mask_ranges():
 
 def test_a_per_head_block_mask_must_have_the_calls_heads():
     """head_window's mask_mod reads h: its block mask holds one per query head."""
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
     from flashgen import variants
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
@@ -267,7 +267,7 @@ def test_a_per_head_block_mask_must_have_the_calls_heads():
 
 
 def test_a_decode_variant_call_is_checked_before_any_kernel():
-    from codegen.score_mods import PLAIN, Modifiers
+    from flashgen.modifiers import PLAIN, Modifiers
     from flashgen import variants
     from flashgen.dispatch import DispatchError
 

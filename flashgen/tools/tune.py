@@ -23,8 +23,8 @@ from codegen.arch import ARCHS
 from codegen.config import SCORE_MODS_KEY
 from codegen.families import FAMILIES
 from codegen.family import Tile
-from codegen.masks import Band
 from codegen.spec import KernelSpec
+from flashgen.band import Band
 
 # Per family and kind: the values tried for each tile key (the config's names).
 GRIDS = {

@@ -18,9 +18,9 @@ import torch
 
 from codegen import params
 from codegen.families.hopper.resources import backward_consumers
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from flashgen import launch, schedule
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 SHORT_SEQLEN = 1024
 

@@ -10,10 +10,10 @@ import torch
 
 from codegen import params
 from codegen.families.mma import resources
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from flashgen import launch, schedule
+from flashgen.band import Band
 from flashgen.families.mma import tile_choice
+from flashgen.modifiers import PLAIN, Modifiers
 
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
 # pinned_forward_tile): read when a shape is first planned, never per call.
