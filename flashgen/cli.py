@@ -14,6 +14,7 @@ from codegen.config import DTYPES, ConfigError, load_config
 from codegen.masks import MASKS
 from codegen.score_mods import SCORE_MODS
 from codegen.spec import KINDS, enumerate_specs
+from flashgen import cache
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -146,7 +147,7 @@ def _generate(args) -> int:
 def _list(args) -> int:
     _, specs = _selected(args)
     for spec in specs:
-        entry = build.find_entry(spec)
+        entry = cache.find_entry(spec)
         if entry is None:
             print(f"{spec.name:52s} not built")
             continue
