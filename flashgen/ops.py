@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from codegen import params
-from flashgen import backward, decode, forward, launch, variants
+from flashgen import backward, decode, forward, variants
+from flashgen import host as launch
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 from flashgen.validate import SUPPORTED_DTYPES

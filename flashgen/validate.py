@@ -29,7 +29,7 @@ def check_unsupported(**arguments) -> None:
                 f"flashgen: {name}={value!r} is not supported yet (only {name}={default!r})")
 
 
-def check_tensors(names: tuple[str, str, str], q, k, v) -> str:
+def check_qkv(names: tuple[str, str, str], q, k, v) -> str:
     """q, k, v: CUDA tensors of one supported dtype on one device, rank 4, head dim contiguous.
     Returns the dtype's short name."""
     for name, t in zip(names, (q, k, v)):
@@ -76,7 +76,7 @@ def check_shapes(names: tuple[str, str, str], q, k, v, layout: str) -> None:
 
 
 def passes_tensor_checks(q, k, v, heads_axis: int) -> bool:
-    """Whether check_tensors and then check_shapes pass, in one expression: a call with good
+    """Whether check_qkv and then check_shapes pass, in one expression: a call with good
     inputs pays for one pass over them (2.2 us instead of 5.6 on a CPU), and the detailed checks
     run only on the rest, to name what is wrong or to accept what this conservatively refuses.
     q, k, v as the caller got them: heads_axis is 2 in (batch, seq, heads, dim), 1 in (batch,
