@@ -223,6 +223,7 @@ def publish(spec: KernelSpec, built_lib: Path, nvcc: str, resources: dict) -> En
     """Copies a freshly built library into a temporary folder beside its entry, writes the meta
     that find_entry verifies it by, and renames the folder into place."""
     final = entry_path(spec, nvcc)
+    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.name}-", dir=final.parent))
     shutil.copyfile(built_lib, tmp / LIB_NAME)
     meta = {"name": spec.name, "input_key": input_key(spec), "nvcc": nvcc,
