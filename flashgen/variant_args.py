@@ -48,12 +48,12 @@ def block_mask(variant: str, q, k, variant_tensors: dict | None = None, cu_seqle
         q, k = q.unsqueeze(0), k.unsqueeze(0)
         varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     tensors = check_variant_tensors(v, variant_tensors, q, k, batch, seqlen_q, seqlen_k)
-    ranges = ops.mask_ranges(v.name, q, k, tensors, varlen)
+    ranges = ops.mask_ranges(v.name, q, k, tensors, varlen)  # the op, so that torch.compile sees it
     return BlockMask(v.name, ranges, batch, seqlen_q, seqlen_k)
 
 
 def check_variant_tensors(variant: Variant, tensors, q, k, batch: int, seqlen_q: int,
-                  seqlen_k: int) -> tuple[torch.Tensor, ...]:
+                          seqlen_k: int) -> tuple[torch.Tensor, ...]:
     """The variant's tensors in its table's order, contiguous, after checking names, dtypes,
     devices and the dims its table names. q, k: (batch, seq, heads, dim) views."""
     tensors = dict(tensors or {})
