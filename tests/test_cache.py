@@ -259,10 +259,17 @@ def copied_tree(tmp_path, monkeypatch):
     cache._header_closure.cache_clear()
 
 
-def test_a_template_or_header_change_makes_the_lookup_miss(fake_toolchain, copied_tree):
+@pytest.mark.parametrize("has_nvcc", [True, False])
+def test_a_template_or_header_change_makes_the_lookup_miss(fake_toolchain, copied_tree,
+                                                           monkeypatch, tmp_path, has_nvcc):
+    """With nvcc the entry's folder name misses; without, no entry's meta matches."""
     fwd = next(s for s in SPECS if s.kind == "fwd" and s.family == "mma")
     bwd = next(s for s in SPECS if s.kind == "bwd" and s.family == "mma")
     build.build([fwd, bwd])
+    if not has_nvcc:
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+        monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+        cache.nvcc_version.cache_clear()
     assert cache.find_entry(fwd) and cache.find_entry(bwd)
     template = copied_tree / "mma" / "fwd_kernel.cu.j2"
     template.write_text(template.read_text() + "// edited\n")
