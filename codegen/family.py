@@ -64,7 +64,7 @@ class Family:
     # nvcc flags of this family's kernels alone
     nvcc_flags: tuple[str, ...] = ()
     # Its kernels read q, k and v through TMA descriptors, which take no zero strides: the
-    # forward copies expanded inputs first (flashgen/launch.py).
+    # forward copies expanded inputs first (flashgen/host.py).
     tma_inputs: bool = False
     # Under a mask that hides keys its forward's blocks claim tiles from a counter
     # (FwdParams.tile_counter), which the forward allocates per call.

@@ -1,13 +1,12 @@
 """Mask kinds: which keys a query row sees. Each names a C++ policy type in
 templates/include/flashgen/common/mask.cuh that forward and backward kernels share; a spec
 carries one, so each is a compile-time choice (it decides which key blocks a query block visits).
+A call's run-time mask arguments are flashgen/band.py's Band.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from codegen.params import WINDOW_UNBOUNDED
 
 
 @dataclass(frozen=True)
@@ -27,20 +26,3 @@ MASKS = {m.name: m for m in (
     # time (params.h): every sliding (local) window, causal or not, runs on these kernels.
     MaskKind("window", "flashgen::WindowMask", hides_keys=True),
 )}
-
-
-@dataclass(frozen=True)
-class Band:
-    """A call's run-time mask arguments (params.h): query row i sees key j iff
-    i + offset - left <= j <= i + offset + right (the window kind; the causal kind reads the
-    offset alone, its band is right = 0 with left unbounded, the none kind reads nothing). The
-    default is causal attention aligned top-left; offset seqlen_k - seqlen_q aligns it
-    bottom-right."""
-    offset: int = 0
-    left: int = WINDOW_UNBOUNDED
-    right: int = 0
-
-    def fields(self) -> dict:
-        """The params fields, by name."""
-        return {"mask_offset": self.offset, "window_left": self.left,
-                "window_right": self.right}

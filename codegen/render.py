@@ -12,9 +12,9 @@ from pathlib import Path
 
 import jinja2
 
+from codegen import context
 from codegen.spec import KernelSpec
 
-ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 # The full list of specs, written beside the samples but not tracked by git (35k lines that every
 # config change rewrites); the summary, a few dozen lines, is the reviewed record.
 MANIFEST = "manifest.json"
@@ -36,32 +36,8 @@ def _environment(template_dir: Path) -> jinja2.Environment:
 
 
 def render_spec(spec: KernelSpec) -> str:
-    family = spec.family_record
-    template = _environment(family.template_dir).get_template(family.kind(spec.kind).template)
-    return template.render(spec=spec, element_type=ELEMENT_TYPES[spec.dtype],
-                           mask_type=spec.mask_kind.cpp_type,
-                           score_mod_type=spec.score_mod_kind.cpp_type,
-                           dropout_type=spec.dropout_type,
-                           **_variant_context(spec), **family.template_context(spec))
-
-
-def _variant_context(spec: KernelSpec) -> dict:
-    """A config-defined variant's struct (after the launch header) and, for its mask, the entry
-    that fills the mask's block ranges (common/variant.cuh), which the binding calls as
-    `attention`."""
-    variant = spec.variant
-    if variant is None:
-        return {"variant_code": "", "variant_entry": ""}
-    entry = ""
-    if spec.computes_mask_ranges:
-        entry = (
-            "\n// The variant's mask ranges (common/variant.cuh), before its kernels run.\n"
-            "extern \"C\" int flashgen_mask_ranges(const flashgen::AttentionParams* params, "
-            "void* stream) {\n"
-            f"  return int(flashgen::compute_mask_ranges<{variant.struct}>(*params, "
-            "static_cast<cudaStream_t>(stream)));\n}\n")
-    return {"variant_code": '#include "flashgen/common/variant.cuh"\n\n' + variant.cpp(),
-            "variant_entry": entry}
+    folder, name = context.template(spec)
+    return _environment(folder).get_template(name).render(spec=spec, **context.variables(spec))
 
 
 def write_if_changed(path: Path, text: str) -> bool:

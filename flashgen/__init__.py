@@ -20,9 +20,9 @@ def __getattr__(name):
 
         return inference.flash_attn_with_kvcache
     if name == "block_mask":
-        from flashgen import variants
+        from flashgen import variant_args
 
-        return variants.block_mask
+        return variant_args.block_mask
     if name == "merge_attention_states":
         from flashgen import merge
 

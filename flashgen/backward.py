@@ -9,9 +9,9 @@ import functools
 import torch
 
 from codegen.arch import arch_for_capability
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
-from flashgen import families, launch, loader, registry
+from flashgen import families, host, loader, registry
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band: Band,
@@ -24,13 +24,13 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
     mask, band and mods as in the forward. deterministic=True gives bit-identical gradients
-    across runs. The gradients are allocated as the forward's output is (launch.empty_output):
+    across runs. The gradients are allocated as the forward's output is (host.empty_output):
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
     """
     varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                               max_seqlen_k)
-    grads = tuple(launch.empty_output(t, heads_first) for t in (q, k, v))
+    grads = tuple(host.empty_output(t, heads_first) for t in (q, k, v))
     bias_grad = None
     if attn_bias_grad:
         batch, seqlen_q, heads, _ = q.shape
@@ -42,11 +42,11 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
                                         mods.score_mod, mods.dropout, attn_bias_grad)
     if padded_head_dim is not None:  # zero-padded: exact, the padded columns are dropped
-        inputs = launch.padded((q, k, v, out, dout), padded_head_dim)
+        inputs = host.padded((q, k, v, out, dout), padded_head_dim)
         work = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs[:3])
     else:
-        inputs = launch.aligned(q, k, v, out, dout,
-                                tma=launcher.spec.family_record.tma_inputs)
+        inputs = host.aligned(q, k, v, out, dout,
+                              tma=launcher.spec.family_record.tma_inputs)
         work = grads
     run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, mods,
         bias_grad)
@@ -67,8 +67,8 @@ def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: f
     args, scratch = families.runtime(spec.family).backward_args(
         spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods,
         bias_grad)
-    launch.call_on_device(loader.binding().bwd, q.get_device(),
-                          (launcher.address, launcher.error_string_address, *args))
+    host.call_on_device(loader.binding().bwd, q.get_device(),
+                        (launcher.address, launcher.error_string_address, *args))
     del scratch  # queued: the caching allocator reuses it in stream order
 
 

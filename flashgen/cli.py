@@ -9,11 +9,12 @@ from pathlib import Path
 
 from codegen import build, paths, render
 from codegen import families
-from codegen.arch import ARCHS
+from codegen.arch import ARCHS, arch_for_capability
 from codegen.config import DTYPES, ConfigError, load_config
 from codegen.masks import MASKS
 from codegen.score_mods import SCORE_MODS
-from codegen.spec import KINDS, enumerate_specs
+from codegen.spec import KINDS, KernelSpec, enumerate_specs
+from flashgen import cache
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -146,7 +147,7 @@ def _generate(args) -> int:
 def _list(args) -> int:
     _, specs = _selected(args)
     for spec in specs:
-        entry = build.find_entry(spec)
+        entry = cache.find_entry(spec)
         if entry is None:
             print(f"{spec.name:52s} not built")
             continue
@@ -275,8 +276,6 @@ def _tune(args) -> int:
 
     import torch
 
-    from codegen.arch import arch_for_capability
-    from codegen.spec import KernelSpec
     from flashgen.tools import tune
 
     if not torch.cuda.is_available():

@@ -13,10 +13,10 @@ import torch
 from codegen import params
 from codegen.arch import arch_for_capability
 from codegen.families.mma import resources
-from codegen.masks import Band
 from codegen.params import WINDOW_UNBOUNDED
-from codegen.score_mods import Modifiers
-from flashgen import dispatch, forward, launch, loader, registry, variants
+from flashgen import dispatch, forward, host, loader, registry, variants
+from flashgen.band import Band
+from flashgen.modifiers import Modifiers
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
@@ -65,15 +65,15 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     bottom-right like the mask; variant: a config-defined variant's name (its mask in place of
     the band, which is then unbounded) with its checked tensors, on the decode kernel."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if not launch.is_aligned(t):
+        if not host.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
                              f"stride a multiple of 8 elements (it is written in place, so it "
                              f"cannot be copied), got strides {t.stride()}")
     # Here, not in the traced wrapper: alignment reads data pointers, which fake tensors lack.
     if k_new is None:
-        (q,) = launch.aligned(q)
+        (q,) = host.aligned(q)
     else:
-        q, k_new, v_new = launch.aligned(q, k_new, v_new)
+        q, k_new, v_new = host.aligned(q, k_new, v_new)
     batch, seqlen_q, heads, head_dim = q.shape
     heads_kv = k_cache.shape[2]
     paged = block_table is not None
@@ -143,8 +143,8 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
         rotary_interleaved=int(rotary_interleaved))
     if attention is None or k_new is not None or rotary:
-        launch.call_on_device(loader.binding().decode, device_index,
-                              (launcher.address, launcher.error_string_address, *args))
+        host.call_on_device(loader.binding().decode, device_index,
+                            (launcher.address, launcher.error_string_address, *args))
     if attention is not None:
         forward_launcher, fields = attention
         cache = {name: getattr(args, name) for name in _CACHE_FIELDS}
@@ -171,7 +171,7 @@ def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batc
         return None
     if paged and k_cache.shape[1] % attention[0].spec.tile.block_n:
         return None
-    if not all(launch.is_aligned(t, tma=True) for t in (q, k_cache, v_cache)):
+    if not all(host.is_aligned(t, tma=True) for t in (q, k_cache, v_cache)):
         return None
     return attention
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegen import families
+from codegen.arch import ARCHS
 from codegen.spec import KernelSpec
 
 
@@ -99,8 +100,6 @@ def _buildable_like(specs: list[KernelSpec], arch: str, head_dim: int) -> Kernel
     """The first of the specs whose tile could be built at head_dim, else one of the most general
     family (the last in priority): a family's tiles may not fit a larger head dim at all (the
     hopper backward's registers)."""
-    from codegen.arch import ARCHS
-
     for spec in specs:
         kind = spec.family_record.kind(spec.kind)
         if not kind.problems(head_dim, spec.tile, ARCHS[arch]):

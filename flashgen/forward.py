@@ -11,22 +11,22 @@ import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
 from codegen.spec import KernelSpec
-from flashgen import families, launch, loader, registry
+from flashgen import families, host, loader, registry
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
             cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
             max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN):
-    """out (q's shape and dtype, laid out by launch.empty_output) and lse (batch, heads,
+    """out (q's shape and dtype, laid out by host.empty_output) and lse (batch, heads,
     seqlen_q) fp32.
 
     q, k, v: validated (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name). mask: a mask kind (codegen/masks.py); under "causal", key j is visible to query i iff
     i + band.offset - band.left <= j <= i + band.offset + band.right. mods: the score modifier,
-    the variant and their arguments (codegen/score_mods.py's Modifiers). With cu_seqlens_q and
+    the variant and their arguments (flashgen/modifiers.py's Modifiers). With cu_seqlens_q and
     cu_seqlens_k (int32, batch + 1) the views are a variable-length batch packed as (1, total,
     heads, dim), its longest sequences max_seqlen_q and
     max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).
@@ -56,10 +56,10 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
         return out, lse
 
     if padded_head_dim is not None:
-        q, k, v = launch.padded((q, k, v), padded_head_dim)
+        q, k, v = host.padded((q, k, v), padded_head_dim)
         o = q.new_empty((batch, seqlen_q, heads, padded_head_dim))
     else:  # out is freshly allocated, so aligned; the inputs may be any views
-        q, k, v = launch.aligned(q, k, v, tma=tma_inputs)
+        q, k, v = host.aligned(q, k, v, tma=tma_inputs)
         o = out
 
     run(launcher, q, k, v, o, lse, scale, band, fields, sequences, mods=mods)
@@ -73,7 +73,7 @@ def empty_outputs(q: torch.Tensor, heads_first: bool):
     flashgen::fwd op calls this too, so both always agree on shapes and strides."""
     batch, seqlen_q, heads, _ = q.shape
     # Sizes as separate ints: 0.8 us faster per call than a tuple (torch 2.13, CPU).
-    return (launch.empty_output(q, heads_first),
+    return (host.empty_output(q, heads_first),
             q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
 
 
@@ -107,8 +107,8 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
                            tile_counter=0 if counter is None else counter.data_ptr(),
                            q_view_batch=q_view_batch, q_view_rows=q_view_rows,
                            kv_view_batch=kv_view_batch, kv_view_rows=kv_view_rows, **fields)
-    launch.call_on_device(loader.binding().fwd, q.get_device(),
-                          (launcher.address, launcher.error_string_address, *args))
+    host.call_on_device(loader.binding().fwd, q.get_device(),
+                        (launcher.address, launcher.error_string_address, *args))
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str, batch_heads: int,
@@ -160,7 +160,7 @@ def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: 
           dropout: bool = False) -> tuple[loader.Launcher, int | None, dict, bool]:
     """The launcher for a call of this shape whose k and v are `reads` (_READERS), the head dim
     to zero-pad to (None: no padding), its family's FwdParams fields and whether its kernels load
-    the inputs by TMA (launch.aligned). Cached: the first call of a shape decides, later ones pay
+    the inputs by TMA (host.aligned). Cached: the first call of a shape decides, later ones pay
     one lookup."""
     choices = _candidates(device_index, dtype, head_dim, mask, score_mod, dropout)
     if reads != "dense":

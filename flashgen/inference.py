@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from codegen.score_mods import PLAIN
-from flashgen import op_schema, ops, validate, variants
+from flashgen import op_schema, ops, validate, variant_args
+from flashgen.modifiers import PLAIN
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -40,7 +40,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     nothing on the device is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
     validate.check_unsupported(cache_leftpad=(cache_leftpad, None))
-    validate.check_tensors(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
+    validate.check_qkv(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
     batch, seqlen_q, heads, head_dim = q.shape
     mods = (validate.modifiers(softcap, alibi_slopes, q, batch)
             if softcap or alibi_slopes is not None else PLAIN)
@@ -70,8 +70,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     mask, band = validate.band(causal, window_size, seqlen_q, capacity, capacity - seqlen_q)
     name, tensors = "", ()
     if variant is not None or variant_tensors is not None:
-        name, tensors = variants.prepare_decode(variant, variant_tensors, q, k_cache, batch,
-                                                seqlen_q, capacity, mask, mods)
+        name, tensors = variant_args.prepare_decode(variant, variant_tensors, q, k_cache,
+                                                    batch, seqlen_q, capacity, mask, mods)
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page)
@@ -122,7 +122,7 @@ def _check_new(q, k, v, batch, heads_kv, head_dim) -> int:
         raise ValueError("flashgen: pass k and v together (the new keys and values), or neither")
     if k is None:
         return 0
-    validate.check_tensors(("q", "k", "v"), q, k, v)
+    validate.check_qkv(("q", "k", "v"), q, k, v)
     if k.shape != v.shape or k.shape[0] != batch or k.shape[2:] != (heads_kv, head_dim):
         raise ValueError(f"flashgen: k and v must be (batch={batch}, seqlen_new, "
                          f"nheads_k={heads_kv}, headdim={head_dim}), got {tuple(k.shape)} and "

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
-from flashgen import ops, validate, variants
+from flashgen import ops, validate, variant_args
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -46,7 +46,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
     if not validate.passes_tensor_checks(q, k, v, heads_axis=2):
-        validate.check_tensors(("q", "k", "v"), q, k, v)
+        validate.check_qkv(("q", "k", "v"), q, k, v)
         validate.check_shapes(("q", "k", "v"), q, k, v, "(batch, seqlen, nheads, headdim)")
     _, seqlen_q, _, head_dim = q.shape
     seqlen_k = k.shape[1]
@@ -58,9 +58,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
             if softcap or alibi_slopes is not None else PLAIN)
     if variant is not None or variant_tensors is not None or block_mask is not None:
-        mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q, k,
-                                            q.shape[0], seqlen_q, seqlen_k, mask, band, mods,
-                                            dropout=dropout_p != 0.0)
+        mask, band, mods = variant_args.prepare(variant, variant_tensors, block_mask, q, k,
+                                                q.shape[0], seqlen_q, seqlen_k, mask, band, mods,
+                                                dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
         mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
@@ -98,7 +98,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
             raise ValueError(f"flashgen: {name} must be (total, nheads, headdim), the sequences "
                              f"packed, got shape {tuple(t.shape)}")
     q4, k4, v4 = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
-    validate.check_tensors(("q", "k", "v"), q4, k4, v4)
+    validate.check_qkv(("q", "k", "v"), q4, k4, v4)
     validate.check_shapes(("q", "k", "v"), q4, k4, v4, "(total, nheads, headdim)")
     _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -117,9 +117,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     batch = cu_seqlens_q.shape[0] - 1
     mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
     if variant is not None or variant_tensors is not None or block_mask is not None:
-        mask, band, mods = variants.prepare(variant, variant_tensors, block_mask, q4, k4, batch,
-                                            max_seqlen_q, max_seqlen_k, mask, band, mods, varlen,
-                                            dropout=dropout_p != 0.0)
+        mask, band, mods = variant_args.prepare(variant, variant_tensors, block_mask, q4, k4,
+                                                batch, max_seqlen_q, max_seqlen_k, mask, band,
+                                                mods, varlen, dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
         mods = validate.with_dropout(mods, dropout_p, q.device)
     out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
@@ -221,6 +221,6 @@ def _autocast_eligible(t) -> bool:
 
 def _check_sdpa_tensors(query, key, value) -> None:
     """The detailed checks, shapes on the (batch, seq, heads, dim) views as the kernel sees them."""
-    validate.check_tensors(("query", "key", "value"), query, key, value)
+    validate.check_qkv(("query", "key", "value"), query, key, value)
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     validate.check_shapes(("query", "key", "value"), q, k, v, "(batch, heads, seq, dim)")

@@ -1,4 +1,6 @@
-"""Build-or-load: turns a spec into a callable launcher address, compiling it on first use."""
+"""Build-or-load: turns a spec into a callable launcher address, compiling it on first use. A
+kernel or binding found in the cache loads without the generator; only a miss imports it
+(codegen/build.py: Jinja, ninja, nvcc)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import sys
 import threading
 from dataclasses import dataclass
 
-from codegen import build, paths
+from codegen import paths
 from codegen.spec import KernelSpec
+from flashgen import cache
 
 _lock = threading.Lock()
 _launchers: dict[KernelSpec, "Launcher"] = {}
@@ -31,13 +34,23 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _build():
+    """The generator's build, imported on a miss only: a call of a built kernel imports no Jinja
+    (tests/test_runtime_imports.py)."""
+    from codegen import build
+
+    return build
+
+
 def binding():
     """The pybind11 module that fills FwdParams and calls a launcher."""
     global _binding
     if _binding is None:
         with _lock:
             if _binding is None:
-                path = build.build_binding(log=_log)
+                path = cache.binding_path()
+                if not path.is_file():
+                    path = _build().build_binding(log=_log)
                 spec = importlib.util.spec_from_file_location("_flashgen_binding", path)
                 module = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(module)
@@ -56,7 +69,7 @@ def launcher(spec: KernelSpec) -> Launcher:
 
 
 def _load(spec: KernelSpec) -> Launcher:
-    entry = build.find_entry(spec)
+    entry = cache.find_entry(spec)
     if entry is None:
         command = (f"flashgen generate --arch {spec.arch} --head-dim {spec.head_dim} "
                    f"--dtype {spec.dtype}")
@@ -68,7 +81,7 @@ def _load(spec: KernelSpec) -> Launcher:
         _log(f"flashgen: {spec.name} is configured but not built for {spec.arch}; compiling it "
              f"now (about a minute; next time it loads from {paths.cache_dir()}). "
              f"`{command}` builds ahead of time.")
-        (entry,) = build.build([spec], log=_log)
+        (entry,) = _build().build([spec], log=_log)
     library = ctypes.CDLL(str(entry.lib))
     address = ctypes.cast(getattr(library, spec.name), ctypes.c_void_p).value
     error_string = ctypes.cast(library.flashgen_error_string, ctypes.c_void_p).value

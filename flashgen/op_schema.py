@@ -79,12 +79,12 @@ ARGUMENTS = (
     Argument("block_table", "Tensor?", (FWD_KVCACHE,)),
     Argument("scale", "float", (FWD, BWD, FWD_KVCACHE), "applied to q.k"),
     Argument("mask", "str", _ATTENTION, "a mask kind (codegen/masks.py)"),
-    # The mask's per-call band (codegen/masks.py's Band, params.h); fwd_kvcache's aligns
+    # The mask's per-call band (flashgen/band.py's Band, params.h); fwd_kvcache's aligns
     # bottom-right per sequence (flashgen/decode.py).
     Argument("mask_offset", "SymInt", _ATTENTION, source="band.offset"),
     Argument("window_left", "int", (FWD, BWD, FWD_KVCACHE), source="band.left"),
     Argument("window_right", "int", (FWD, BWD, FWD_KVCACHE), source="band.right"),
-    # The score modifiers (codegen/score_mods.py's Modifiers): softcap > 0 caps the scores,
+    # The score modifiers (flashgen/modifiers.py's Modifiers): softcap > 0 caps the scores,
     # alibi_slopes (fp32 (heads,) or (batch, heads)) and attn_bias (SDPA's attn_mask, additive
     # fp32) bias them.
     Argument("softcap", "float", (FWD, BWD, FWD_KVCACHE), source="mods.softcap"),

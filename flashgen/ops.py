@@ -21,9 +21,9 @@ import operator
 
 import torch
 
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
-from flashgen import backward, decode, forward, launch, variants
+from flashgen import backward, decode, forward, host, variants
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 from flashgen.op_schema import (BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments,
                                 mask_ranges_arguments)
 from flashgen.validate import SUPPORTED_DTYPES
@@ -212,7 +212,7 @@ def _bwd_fake(*arguments):
     batch, seqlen_q, heads, _ = a.q.shape
     dbias = (a.q.new_empty(batch, heads, seqlen_q, a.k.shape[1], dtype=torch.float32)
              if a.attn_bias_grad else a.q.new_empty(0, dtype=torch.float32))
-    return (*(launch.empty_output(t, a.heads_first) for t in (a.q, a.k, a.v)), dbias)
+    return (*(host.empty_output(t, a.heads_first) for t in (a.q, a.k, a.v)), dbias)
 
 
 # The tensors whose kind decides where bwd runs.

@@ -8,6 +8,10 @@ import os
 
 import torch
 
+from codegen.params import WINDOW_UNBOUNDED
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
+
 SUPPORTED_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -25,7 +29,7 @@ def check_unsupported(**arguments) -> None:
                 f"flashgen: {name}={value!r} is not supported yet (only {name}={default!r})")
 
 
-def check_tensors(names: tuple[str, str, str], q, k, v) -> str:
+def check_qkv(names: tuple[str, str, str], q, k, v) -> str:
     """q, k, v: CUDA tensors of one supported dtype on one device, rank 4, head dim contiguous.
     Returns the dtype's short name."""
     for name, t in zip(names, (q, k, v)):
@@ -72,7 +76,7 @@ def check_shapes(names: tuple[str, str, str], q, k, v, layout: str) -> None:
 
 
 def passes_tensor_checks(q, k, v, heads_axis: int) -> bool:
-    """Whether check_tensors and then check_shapes pass, in one expression: a call with good
+    """Whether check_qkv and then check_shapes pass, in one expression: a call with good
     inputs pays for one pass over them (2.2 us instead of 5.6 on a CPU), and the detailed checks
     run only on the rest, to name what is wrong or to accept what this conservatively refuses.
     q, k, v as the caller got them: heads_axis is 2 in (batch, seq, heads, dim), 1 in (batch,
@@ -125,14 +129,11 @@ def check_window(window_size) -> tuple[int, int]:
 
 
 def band(causal: bool, window_size, seqlen_q: int, seqlen_k: int, offset: int):
-    """The mask kind and its Band (codegen/masks.py) for FlashAttention-2's causal and
+    """The mask kind and its Band (flashgen/band.py) for FlashAttention-2's causal and
     window_size: query i sees key j iff i + offset - left <= j <= i + offset + right, causal
     setting right to 0. A bound that hides nothing for any sequence of at most seqlen_q queries
     and seqlen_k keys counts as unbounded, so a window wider than the sequences runs the dense
     (or causal) kernel. Raises ValueError for a window that is not a pair of ints >= -1."""
-    from codegen.masks import Band
-    from codegen.params import WINDOW_UNBOUNDED
-
     left, right = check_window(window_size)
     if causal:
         right = 0
@@ -188,11 +189,9 @@ def with_dropout(mods, dropout_p: float, device):
 
 
 def modifiers(softcap, alibi_slopes, q, batch: int):
-    """The call's score modifier (codegen/score_mods.py's Modifiers) from FlashAttention-2's softcap
-    and alibi_slopes: an fp32 tensor of shape (nheads,) or (batch, nheads) on q's device, its
-    last dimension contiguous. q: (batch, seq, nheads, headdim) as the kernels see it."""
-    from codegen.score_mods import PLAIN, Modifiers
-
+    """The call's score modifier (flashgen/modifiers.py's Modifiers) from FlashAttention-2's
+    softcap and alibi_slopes: an fp32 tensor of shape (nheads,) or (batch, nheads) on q's device,
+    its last dimension contiguous. q: (batch, seq, nheads, headdim) as the kernels see it."""
     softcap = check_softcap(softcap) if softcap else 0.0
     if alibi_slopes is None:
         return Modifiers(softcap=softcap) if softcap else PLAIN

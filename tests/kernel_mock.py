@@ -14,7 +14,7 @@ import torch
 from codegen import paths
 from codegen.config import load_config
 from codegen.spec import enumerate_specs
-from flashgen import backward, decode, forward, launch, loader
+from flashgen import backward, decode, forward, host, loader
 from tests.poison import ALLOCATORS
 
 
@@ -62,9 +62,9 @@ def install(monkeypatch) -> SimpleNamespace:
         entry: (lambda *args, entry=entry: record.launches.append((entry, args[:-1])))
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)
-    monkeypatch.setattr(launch, "_current_stream", lambda index: 0)
-    monkeypatch.setattr(launch, "_current_device", lambda: 0)
-    monkeypatch.setattr(launch, "device_resources", lambda index: (108, 40 << 20))  # an A100's
+    monkeypatch.setattr(host, "_current_stream", lambda index: 0)
+    monkeypatch.setattr(host, "_current_device", lambda: 0)
+    monkeypatch.setattr(host, "device_resources", lambda index: (108, 40 << 20))  # an A100's
     fwd = {mask: launcher("fwd", mask) for mask in ("none", "causal")}
     bwd = {mask: launcher("bwd", mask) for mask in ("none", "causal")}
     decode_launcher = launcher("decode", "none")

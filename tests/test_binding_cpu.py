@@ -25,9 +25,10 @@ if shutil.which(os.environ.get("CXX", "c++")) is None:
 from codegen import build, params, paths  # noqa: E402
 from codegen.families import FAMILIES  # noqa: E402
 from codegen.families.mma import resources  # noqa: E402
-from codegen.masks import MASKS, Band  # noqa: E402
-from flashgen import backward, decode, forward, launch, loader  # noqa: E402
+from codegen.masks import MASKS  # noqa: E402
+from flashgen import backward, decode, forward, host, loader  # noqa: E402
 from flashgen import schedule  # noqa: E402
+from flashgen.band import Band  # noqa: E402
 from flashgen.families import hopper, mma  # noqa: E402
 
 STRIDE_NAMES = ("batch", "row", "head")
@@ -90,8 +91,8 @@ class RecordingLauncher:
 def binding(built_binding, monkeypatch):
     """The built binding behind loader.binding(); stream 77 current on the tensors' (CPU) device."""
     monkeypatch.setattr(loader, "_binding", built_binding)
-    monkeypatch.setattr(launch, "_current_stream", lambda device_index: 77)
-    monkeypatch.setattr(launch, "_current_device", lambda: -1)  # a CPU tensor's get_device()
+    monkeypatch.setattr(host, "_current_stream", lambda device_index: 77)
+    monkeypatch.setattr(host, "_current_device", lambda: -1)  # a CPU tensor's get_device()
 
 
 def distinct_strides(*shapes):
@@ -282,7 +283,7 @@ def test_hopper_backward_launch_fills_every_field(binding, monkeypatch, determin
     monkeypatch.setattr(hopper, "backward_grid", lambda *_: grid)
     # an H100's 132 SMs: a head's key blocks are few beside them, so a deterministic run without
     # a mask walks rotated, its dQ turns in the order the key blocks arrive
-    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
+    monkeypatch.setattr(host, "device_resources", lambda device_index: (132, 50 << 20))
     tensors, lse, params, scratch = run_backward(monkeypatch, launcher, deterministic)
     # One fp32 scratch, rows padded to whole query blocks per (batch, head): dQ's workspace, D,
     # lse * log2(e), then an int per query block and consumer warpgroup (deterministic: the order
@@ -340,7 +341,7 @@ def test_hopper_backward_launch_lays_a_packed_batch_out_by_its_rows(binding, mon
     block_m = 64
     launcher = RecordingLauncher(BwdParams, family="hopper", mask=mask,
                                  tile=SimpleNamespace(block_m=block_m, block_n=BLOCK_N))
-    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
+    monkeypatch.setattr(host, "device_resources", lambda device_index: (132, 50 << 20))
     got, scratch, packed = run_packed_backward(monkeypatch, launcher)
     assert {name: got[name] for name in packed} == packed
     grid = hopper.backward_grid(launcher.spec, (3, LONGEST_Q, HEADS, 64), (LONGEST_K, HEADS_KV),
@@ -371,7 +372,7 @@ def test_hopper_deterministic_walks_rotate_where_heads_of_key_blocks_share_a_wav
     in the order they arrive, only where a head's key blocks fill at most a quarter of the SMs
     (a block may then wait on any block of its head, and a head that starts late in a wave holds
     few SMs waiting); under a mask, or with more, they walk in order."""
-    monkeypatch.setattr(launch, "device_resources", lambda device_index: (132, 50 << 20))
+    monkeypatch.setattr(host, "device_resources", lambda device_index: (132, 50 << 20))
     none, causal = (SimpleNamespace(mask_kind=MASKS[mask], tile=SimpleNamespace(block_n=128))
                     for mask in ("none", "causal"))
     assert hopper.deterministic_rotation(none, 33 * 128, 0) == 1

@@ -15,6 +15,7 @@ import pytest
 from codegen import build, paths
 from codegen.config import load_config
 from codegen.spec import enumerate_specs
+from flashgen import cache
 
 FAKE_NVCC = textwrap.dedent("""\
     #!{python}
@@ -51,9 +52,9 @@ def fake_toolchain(tmp_path, monkeypatch):
     env = {"CUDA_HOME": str(tmp_path / "cuda"), "FLASHGEN_CACHE_DIR": str(tmp_path / "cache")}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    build.nvcc_version.cache_clear()
+    cache.nvcc_version.cache_clear()
     yield dict(os.environ, **env)
-    build.nvcc_version.cache_clear()
+    cache.nvcc_version.cache_clear()
 
 
 def build_in_subprocess(env, spec_index: int, **extra_env) -> subprocess.Popen:
@@ -65,7 +66,7 @@ def build_in_subprocess(env, spec_index: int, **extra_env) -> subprocess.Popen:
 
 
 def entries(spec) -> list[Path]:
-    return sorted(p for p in build.arch_dir(spec.arch).glob(f"{spec.name}-*"))
+    return sorted(p for p in cache.arch_dir(spec.arch).glob(f"{spec.name}-*"))
 
 
 def test_build_publishes_one_verified_entry_and_reuses_it(fake_toolchain):
@@ -75,7 +76,7 @@ def test_build_publishes_one_verified_entry_and_reuses_it(fake_toolchain):
     mtime = entry.lib.stat().st_mtime_ns
     (again,) = build.build([spec])  # cached: no compile
     assert again.path == entry.path and again.lib.stat().st_mtime_ns == mtime
-    assert build.find_entry(spec).path == entry.path
+    assert cache.find_entry(spec).path == entry.path
     assert entry.resources == {"registers": 77, "spill_bytes": 4, "stack_bytes": 8,
                                "wgmma_serialised": False}
 
@@ -108,23 +109,23 @@ def test_two_processes_building_the_same_spec_both_succeed(fake_toolchain):
     procs = [build_in_subprocess(fake_toolchain, 0, FAKE_NVCC_MODE="slow") for _ in range(2)]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    assert len(entries(spec)) == 1 and build.find_entry(spec) is not None
+    assert len(entries(spec)) == 1 and cache.find_entry(spec) is not None
     assert sum("compiling 1 kernel" in out for out in outputs) == 1, outputs  # one compiled
 
 
 def test_a_build_killed_half_way_leaves_nothing_that_loads(fake_toolchain):
     spec = SPECS[1]
     proc = build_in_subprocess(fake_toolchain, 1, FAKE_NVCC_MODE="slow", FAKE_NVCC_SLEEP="60")
-    build_file = build.arch_dir(spec.arch) / ".build" / "build.ninja"
+    build_file = cache.arch_dir(spec.arch) / ".build" / "build.ninja"
     deadline = time.monotonic() + 60
     while not build_file.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(0.5)
     proc.kill()
     proc.wait()
-    assert build.find_entry(spec) is None and entries(spec) == []
+    assert cache.find_entry(spec) is None and entries(spec) == []
     (entry,) = build.build([spec])  # the lock died with its holder; the next build works
-    assert build.find_entry(spec).path == entry.path
+    assert cache.find_entry(spec).path == entry.path
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete_meta"])
@@ -139,10 +140,10 @@ def test_a_corrupted_entry_is_detected_and_rebuilt(fake_toolchain, damage):
         entry.lib.write_bytes(bytes(data))
     else:
         (entry.path / "meta.json").unlink()
-    assert build.find_entry(spec) is None
+    assert cache.find_entry(spec) is None
     assert not entry.path.exists()  # the bad entry is removed, never loaded
     (rebuilt,) = build.build([spec])
-    assert build.find_entry(spec).path == rebuilt.path
+    assert cache.find_entry(spec).path == rebuilt.path
 
 
 def test_a_compiler_error_is_reported_with_its_command_and_spares_the_cache(fake_toolchain,
@@ -156,8 +157,8 @@ def test_a_compiler_error_is_reported_with_its_command_and_spares_the_cache(fake
     assert "planted template error" in message  # the compiler's own words
     assert "nvcc" in message and f"{bad.name}.cu" in message  # the command line
     assert bad.name in message.splitlines()[0]
-    assert build.find_entry(bad) is None
-    assert build.find_entry(good).path == good_entry.path
+    assert cache.find_entry(bad) is None
+    assert cache.find_entry(good).path == good_entry.path
 
 
 def test_without_nvcc_an_entry_built_from_the_same_sources_still_loads(fake_toolchain,
@@ -166,8 +167,8 @@ def test_without_nvcc_an_entry_built_from_the_same_sources_still_loads(fake_tool
     (entry,) = build.build([spec])
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
-    build.nvcc_version.cache_clear()
-    assert build.find_entry(spec).path == entry.path
+    cache.nvcc_version.cache_clear()
+    assert cache.find_entry(spec).path == entry.path
     with pytest.raises(build.BuildError, match="nvcc not found"):
         build.build([SPECS[1]])
 
@@ -190,15 +191,15 @@ def test_key_covers_exactly_the_headers_a_kernel_includes(tmp_path, monkeypatch)
     include = tmp_path / "include"
     shutil.copytree(paths.INCLUDE_DIR, include)
     monkeypatch.setattr(paths, "INCLUDE_DIR", include)
-    build._header_closure.cache_clear()
+    cache._header_closure.cache_clear()
     fwd = next(s for s in SPECS if s.kind == "fwd" and s.family == "mma")
     bwd = next(s for s in SPECS if s.kind == "bwd" and s.family == "mma")
-    before = build.source_key(fwd), build.source_key(bwd)
+    before = cache.input_key(fwd), cache.input_key(bwd)
 
     def touch(header: str) -> tuple[str, str]:
         path = include / "flashgen" / header
         path.write_text(path.read_text() + "\n// edited\n")
-        return build.source_key(fwd), build.source_key(bwd)
+        return cache.input_key(fwd), cache.input_key(bwd)
 
     try:
         after_bwd_edit = touch("mma/bwd_kernel.cuh")
@@ -206,4 +207,90 @@ def test_key_covers_exactly_the_headers_a_kernel_includes(tmp_path, monkeypatch)
         after_shared_edit = touch("common/mask.cuh")
         assert after_shared_edit[0] != before[0] and after_shared_edit[1] != after_bwd_edit[1]
     finally:
-        build._header_closure.cache_clear()
+        cache._header_closure.cache_clear()
+
+
+def test_the_key_covers_every_header_a_rendered_source_includes():
+    """The key reads the templates' and a variant's includes without rendering: at least the
+    headers that each template's rendered sources include, a variant's among them."""
+    from codegen import render
+
+    specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG))
+    variant_specs = {(s.family, s.kind, s.variant.name): s for s in specs if s.variant}
+    for spec in [*render.samples(specs), *variant_specs.values()]:
+        rendered = cache.included_headers(render.render_spec(spec))
+        assert rendered and rendered <= cache.render_input_headers(spec), spec.name
+
+
+def test_keys_differ_for_every_configured_spec():
+    specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG))
+    assert len({cache.input_key(s) for s in specs}) == len(specs)
+
+
+def test_key_covers_a_variants_snippet_and_the_flags(monkeypatch):
+    import dataclasses
+
+    config = load_config(paths.DEFAULT_CONFIG)
+    spec = next(s for s in enumerate_specs(config) if s.variant and s.variant.mask_mod)
+    edited = dataclasses.replace(spec, variant=dataclasses.replace(
+        spec.variant, mask_mod=f"({spec.variant.mask_mod}) & (kv_idx >= 0)"))
+    assert edited.name == spec.name and cache.input_key(edited) != cache.input_key(spec)
+    before = cache.input_key(spec)
+    monkeypatch.setattr(cache, "NVCC_FLAGS", [*cache.NVCC_FLAGS, "-DFLASHGEN_EDITED"])
+    assert cache.input_key(spec) != before
+
+
+@pytest.fixture
+def copied_tree(tmp_path, monkeypatch):
+    """The templates and headers copied into tmp_path, the families reading them from there."""
+    import dataclasses
+    import shutil
+
+    from codegen import families
+
+    templates = tmp_path / "templates"
+    shutil.copytree(paths.TEMPLATES_DIR, templates)
+    monkeypatch.setattr(paths, "INCLUDE_DIR", templates / "include")
+    for name, family in families.FAMILIES.items():
+        monkeypatch.setitem(families.FAMILIES, name, dataclasses.replace(
+            family, template_dir=templates / family.template_dir.name))
+    cache._header_closure.cache_clear()
+    yield templates
+    cache._header_closure.cache_clear()
+
+
+@pytest.mark.parametrize("has_nvcc", [True, False])
+def test_a_template_or_header_change_makes_the_lookup_miss(fake_toolchain, copied_tree,
+                                                           monkeypatch, tmp_path, has_nvcc):
+    """With nvcc the entry's folder name misses; without, no entry's meta matches."""
+    fwd = next(s for s in SPECS if s.kind == "fwd" and s.family == "mma")
+    bwd = next(s for s in SPECS if s.kind == "bwd" and s.family == "mma")
+    build.build([fwd, bwd])
+    if not has_nvcc:
+        monkeypatch.setenv("CUDA_HOME", str(tmp_path / "nowhere"))
+        monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+        cache.nvcc_version.cache_clear()
+    assert cache.find_entry(fwd) and cache.find_entry(bwd)
+    template = copied_tree / "mma" / "fwd_kernel.cu.j2"
+    template.write_text(template.read_text() + "// edited\n")
+    assert cache.find_entry(fwd) is None and cache.find_entry(bwd) is not None
+    header = copied_tree / "include" / "flashgen" / "mma" / "bwd_kernel.cuh"
+    header.write_text(header.read_text() + "// edited\n")
+    assert cache.find_entry(bwd) is None
+
+
+def test_an_unchanged_tree_hits_without_rendering(fake_toolchain, monkeypatch):
+    """A fresh process finds a built entry without importing the renderer or Jinja."""
+    spec = SPECS[0]
+    (entry,) = build.build([spec])
+    code = (f"import sys\nfrom codegen import paths\nfrom codegen.config import load_config\n"
+            f"from codegen.spec import enumerate_specs\nfrom flashgen import cache\n"
+            f"spec = [s for s in enumerate_specs(load_config(paths.DEFAULT_CONFIG)) "
+            f"if s.name == {spec.name!r}][0]\n"
+            f"print(cache.find_entry(spec).path)\n"
+            f"print(sorted(m for m in ('jinja2', 'codegen.render', 'codegen.build') "
+            f"if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", code], env=fake_toolchain, cwd=paths.REPO_ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [str(entry.path), "[]"]

@@ -128,7 +128,7 @@ def test_bench_needs_a_gpu(capsys):
 
 def test_generate_warns_of_a_kernel_whose_wgmma_ptxas_serialised(tmp_path, capsys, monkeypatch):
     from codegen import build
-    from codegen.build import Entry
+    from flashgen.cache import Entry
 
     def fake_build(specs, jobs=None):
         entries = [Entry(spec, tmp_path / spec.name) for spec in specs]

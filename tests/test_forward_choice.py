@@ -18,7 +18,7 @@ MAIN, SMALL = FwdTile(128, 32, 4, 3), FwdTile(64, 64, 4, 2)  # sm_90 head dim 12
 
 @pytest.fixture
 def forward(monkeypatch):
-    from flashgen import forward, launch
+    from flashgen import forward, host
 
     monkeypatch.delenv("FLASHGEN_CONFIG", raising=False)
     # These tests are about the mma family's tile choice; dispatch would run the hopper family.
@@ -26,7 +26,7 @@ def forward(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: H100)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
     monkeypatch.setattr(forward.loader, "launcher", lambda spec: SimpleNamespace(spec=spec))
-    caches = (forward._plan, forward._candidates, launch.device_resources)
+    caches = (forward._plan, forward._candidates, host.device_resources)
     for cache in caches:
         cache.cache_clear()
     yield forward

@@ -194,8 +194,8 @@ def test_layouts_fwd_has_room_for_reach_the_forward_which_refuses_them(mocked, n
 
 def test_attentions_call_takes_each_argument_from_band_mods_and_varlen(monkeypatch):
     """ops.attention's tuple (op_schema.fwd_arguments), read back by name."""
-    from codegen.masks import Band
-    from codegen.score_mods import Modifiers
+    from flashgen.band import Band
+    from flashgen.modifiers import Modifiers
     from flashgen import variants
 
     a = fwd_values()

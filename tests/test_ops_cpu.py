@@ -13,11 +13,11 @@ torch = pytest.importorskip("torch")
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from flashgen import (backward, flash_attn_func, forward, launch, ops,  # noqa: E402
-                      scaled_dot_product_attention)
-from flashgen.reference import attention_ref  # noqa: E402
-from codegen.masks import Band  # noqa: E402
 from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
+from flashgen import (backward, flash_attn_func, forward, host, ops,  # noqa: E402
+                      scaled_dot_product_attention)
+from flashgen.band import Band  # noqa: E402
+from flashgen.reference import attention_ref  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
@@ -296,7 +296,7 @@ def reference_kernels(monkeypatch):
                                       scale=scale, mask=mask, band=band,
                                       deterministic=deterministic, heads_first=heads_first))
         dq, dk, dv = reference_grads(q, k, v, dout, mask == "causal", band.offset, scale)
-        return (*(launch.empty_output(t, heads_first).copy_(grad)
+        return (*(host.empty_output(t, heads_first).copy_(grad)
                   for t, grad in zip((q, k, v), (dq, dk, dv))), None)
 
     monkeypatch.setattr(forward, "forward", reference_forward)
@@ -462,14 +462,14 @@ def test_an_additive_bias_gets_the_backwards_dbias_only_when_it_requires_grad(bi
 def test_kernels_that_load_by_tma_get_expanded_inputs_copied():
     """A TMA descriptor takes no zero strides: an expanded K (MQA written as expand) is copied
     for the hopper family's forward, and passed as it is to kernels that load with cp.async."""
-    from flashgen import launch
+    from flashgen import host
 
     k = torch.randn(2, 64, 1, 64, dtype=torch.bfloat16).expand(2, 64, 8, 64)
     assert k.stride()[2] == 0
-    assert launch.is_aligned(k) and not launch.is_aligned(k, tma=True)
-    (copied,) = launch.aligned(k, tma=True)
+    assert host.is_aligned(k) and not host.is_aligned(k, tma=True)
+    (copied,) = host.aligned(k, tma=True)
     assert 0 not in copied.stride() and torch.equal(copied, k)
-    assert launch.aligned(k)[0] is k
+    assert host.aligned(k)[0] is k
 
 
 # --- flash_attn_with_kvcache's op ---------------------------------------------------------------

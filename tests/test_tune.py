@@ -292,7 +292,7 @@ def test_a_candidate_ptxas_serialised_is_not_eligible(monkeypatch):
     """C7512 (wgmma serialised for want of registers) builds a kernel that runs, slowly."""
     resources = {"registers": 168, "spill_bytes": 0, "stack_bytes": 0}
     entry = types.SimpleNamespace(resources=resources)
-    monkeypatch.setattr(tune.build, "find_entry", lambda spec: entry)
+    monkeypatch.setattr(tune.cache, "find_entry", lambda spec: entry)
     assert tune._unusable(None) is None
     resources["wgmma_serialised"] = True
     assert "(C7512)" in tune._unusable(None)

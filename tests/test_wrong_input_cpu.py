@@ -174,7 +174,7 @@ def test_one_pass_check_agrees_with_the_detailed_checks(tensors_report_their_pre
     from flashgen import interface, validate
 
     q, k, v = TENSOR_CASES[case]()
-    good = detailed_checks_pass(lambda: (validate.check_tensors(("q", "k", "v"), q, k, v),
+    good = detailed_checks_pass(lambda: (validate.check_qkv(("q", "k", "v"), q, k, v),
                                          validate.check_shapes(("q", "k", "v"), q, k, v, "")))
     assert validate.passes_tensor_checks(q, k, v, heads_axis=2) == (good and
                                                                     case not in DETAILED_ONLY)
@@ -209,14 +209,14 @@ def test_a_boolean_attn_mask_becomes_a_broadcast_bias():
 
 
 def test_a_score_variant_replaces_the_score_modifier_and_keeps_the_mask():
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
-    from flashgen import variants
+    from flashgen import variant_args
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
 
     q = torch.randn(2, 8, 4, 64, dtype=torch.bfloat16)  # (batch, seq, heads, dim)
     bias = torch.randn(4, 15)
-    mask, band, mods = variants.prepare("relative_bias", {"bias": bias}, None, q, q, 2, 8, 8,
-                                        "causal", Band(0), PLAIN)
+    mask, band, mods = variant_args.prepare("relative_bias", {"bias": bias}, None, q, q, 2, 8, 8,
+                                            "causal", Band(0), PLAIN)
     assert mask == "causal" and band == Band(0)
     assert mods.score_mod == "relative_bias" and mods.variant.name == "relative_bias"
     assert mods.variant_tensors == (bias,) and mods.attn_bias is None
@@ -224,29 +224,29 @@ def test_a_score_variant_replaces_the_score_modifier_and_keeps_the_mask():
 
 
 def test_a_mask_variant_takes_its_block_mask_ranges():
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
-    from flashgen import variants
+    from flashgen import variant_args, variants
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
     doc_ids = torch.zeros(2, 32, dtype=torch.int32)
     document = variants.resolve("document")
     ranges = torch.zeros(variants.block_mask_shape(document, 2, 4, 32, 32), dtype=torch.int32)
-    block_mask = variants.BlockMask("document", ranges, 2, 32, 32)
-    mask, _, mods = variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32,
-                                     32, "none", Band(0), PLAIN)
+    block_mask = variant_args.BlockMask("document", ranges, 2, 32, 32)
+    mask, _, mods = variant_args.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32,
+                                         32, "none", Band(0), PLAIN)
     assert mask == "document" and mods.score_mod == "none"
     assert mods.mask_ranges is ranges and mods.variant_tensors == (doc_ids,)
     with pytest.raises(ValueError, match="own mask_mod"):
-        variants.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32, 32,
-                         "causal", Band(0), PLAIN)
+        variant_args.prepare("document", {"doc_ids": doc_ids}, block_mask, q, q, 2, 32, 32,
+                             "causal", Band(0), PLAIN)
 
 
 def test_a_per_head_block_mask_must_have_the_calls_heads():
     """head_window's mask_mod reads h: its block mask holds one per query head."""
-    from codegen.masks import Band
-    from codegen.score_mods import PLAIN
-    from flashgen import variants
+    from flashgen import variant_args, variants
+    from flashgen.band import Band
+    from flashgen.modifiers import PLAIN
 
     q = torch.randn(2, 32, 4, 64, dtype=torch.bfloat16)
     window = torch.tensor([-1, 8, 8, 0], dtype=torch.int32)
@@ -254,38 +254,38 @@ def test_a_per_head_block_mask_must_have_the_calls_heads():
     for heads, fits in ((4, True), (2, False), (1, False)):
         ranges = torch.zeros(variants.block_mask_shape(head_window, 2, heads, 32, 32),
                              dtype=torch.int32)
-        block_mask = variants.BlockMask("head_window", ranges, 2, 32, 32)
+        block_mask = variant_args.BlockMask("head_window", ranges, 2, 32, 32)
         call = ("head_window", {"window": window}, block_mask, q, q, 2, 32, 32, "none", Band(0),
                 PLAIN)
         if fits:
-            assert variants.prepare(*call)[2].mask_ranges is ranges
+            assert variant_args.prepare(*call)[2].mask_ranges is ranges
         else:
             with pytest.raises(ValueError, match=rf"built for .* \('head_window', 2, {heads}, "
                                                  rf"32, 32\), this call is \('head_window', 2, "
                                                  rf"4, 32, 32\)"):
-                variants.prepare(*call)
+                variant_args.prepare(*call)
 
 
 def test_a_decode_variant_call_is_checked_before_any_kernel():
-    from codegen.score_mods import PLAIN, Modifiers
-    from flashgen import variants
+    from flashgen import variant_args
     from flashgen.dispatch import DispatchError
+    from flashgen.modifiers import PLAIN, Modifiers
 
     q = torch.randn(2, 1, 4, 64, dtype=torch.bfloat16)
     k_cache = torch.randn(2, 128, 4, 64, dtype=torch.bfloat16)
     ids = torch.zeros(2, 128, dtype=torch.int32)
-    name, tensors = variants.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128,
-                                            "none", PLAIN)
+    name, tensors = variant_args.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128,
+                                                "none", PLAIN)
     assert name == "document" and tensors[0].shape == (2, 128)
     with pytest.raises(DispatchError, match=r"'prefix_lm' has no decode kernels"):
-        variants.prepare_decode("prefix_lm", {"prefix_len": ids[:, 0]}, q, k_cache, 2, 1, 128,
-                                "none", PLAIN)
+        variant_args.prepare_decode("prefix_lm", {"prefix_len": ids[:, 0]}, q, k_cache, 2, 1, 128,
+                                    "none", PLAIN)
     with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):
-        variants.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128, "causal",
-                                PLAIN)
+        variant_args.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128, "causal",
+                                    PLAIN)
     with pytest.raises(ValueError, match=r"seqlen_k\] = \(2, 128\)"):
-        variants.prepare_decode("document", {"doc_ids": ids[:, :5]}, q, k_cache, 2, 1, 128,
-                                "none", PLAIN)
+        variant_args.prepare_decode("document", {"doc_ids": ids[:, :5]}, q, k_cache, 2, 1, 128,
+                                    "none", PLAIN)
     with pytest.raises(NotImplementedError, match="own score_mod"):
-        variants.prepare_decode("relative_bias", {"bias": torch.zeros(4, 255)}, q, k_cache, 2, 1,
-                                128, "none", Modifiers(softcap=5.0))
+        variant_args.prepare_decode("relative_bias", {"bias": torch.zeros(4, 255)}, q, k_cache,
+                                    2, 1, 128, "none", Modifiers(softcap=5.0))

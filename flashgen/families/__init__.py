@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from codegen.masks import Band
+from flashgen.band import Band
 
 
 class DefaultRuntime:

@@ -23,8 +23,9 @@ from codegen.arch import ARCHS
 from codegen.config import SCORE_MODS_KEY
 from codegen.families import FAMILIES
 from codegen.family import Tile
-from codegen.masks import Band
 from codegen.spec import KernelSpec
+from flashgen import cache
+from flashgen.band import Band
 
 # Per family and kind: the values tried for each tile key (the config's names).
 GRIDS = {
@@ -163,7 +164,7 @@ def sweep(specs: list[KernelSpec], seqlen: int = 4096, log=print) -> list[dict]:
 
 
 def _unusable(spec: KernelSpec) -> str | None:
-    entry = build.find_entry(spec)
+    entry = cache.find_entry(spec)
     if entry is None:
         return "did not compile"
     if entry.resources.get("wgmma_serialised"):

@@ -14,8 +14,7 @@ import subprocess
 import pytest
 import torch
 
-from codegen import build
-from flashgen import flash_attn_func, forward, registry
+from flashgen import cache, flash_attn_func, forward, registry
 from flashgen.reference import assert_close_fa2, attention_ref
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations")]
@@ -41,7 +40,7 @@ def test_every_built_hopper_kernel_runs_wgmma():
     if not os.path.exists(cuobjdump):
         pytest.skip("cuobjdump (CUDA toolkit) is not installed")
     entries = [e for s in registry.specs() if s.family == "hopper"
-               if (e := build.find_entry(s)) is not None]
+               if (e := cache.find_entry(s)) is not None]
     assert entries, "no hopper kernel is built: run `flashgen generate --arch sm_90` first"
     for entry in entries:
         sass = subprocess.run([cuobjdump, "-sass", str(entry.lib)], capture_output=True,

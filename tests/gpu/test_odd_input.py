@@ -83,7 +83,7 @@ def test_non_default_stream():
 def test_device_guard_switches_to_the_tensors_device(monkeypatch):
     """With one GPU, pretend another device is current: the launch must enter the tensors'
     device first (a second GPU needs a larger machine to test for real)."""
-    from flashgen import launch
+    from flashgen import host
 
     entered = []
     real_device = torch.cuda.device
@@ -93,8 +93,8 @@ def test_device_guard_switches_to_the_tensors_device(monkeypatch):
             entered.append(self.idx)
             return super().__enter__()
 
-    monkeypatch.setattr(launch, "_current_device", lambda: 1)
-    monkeypatch.setattr(launch.torch.cuda, "device", RecordingDevice)
+    monkeypatch.setattr(host, "_current_device", lambda: 1)
+    monkeypatch.setattr(host.torch.cuda, "device", RecordingDevice)
     q, k, v = randn(1, 64, 2, 64), randn(1, 64, 2, 64), randn(1, 64, 2, 64)
     out = flash_attn_func(q, k, v)
     assert entered == [0]

@@ -18,9 +18,9 @@ import torch
 
 from codegen import params
 from codegen.families.hopper.resources import backward_consumers
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
-from flashgen import launch, schedule
+from flashgen import host, schedule
+from flashgen.band import Band
+from flashgen.modifiers import PLAIN, Modifiers
 
 SHORT_SEQLEN = 1024
 
@@ -49,7 +49,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     (BwdTraits::kSplitFloats each)."""
     assert bias_grad is None, "dispatch sends a bias gradient to a family that writes one"
     _, _, heads, head_dim = q.shape
-    batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
+    batch, seqlen_q, seqlen_k, sequences = host.problem_sizes(q, k, varlen)
     block_m = spec.tile.block_m
     if varlen:
         query_blocks = heads * ((q.shape[1] + batch * block_m) // block_m)
@@ -97,7 +97,7 @@ def deterministic_rotation(spec, seqlen_k: int, device_index: int) -> int:
     after another, so those of a head no wider than the GPU all run at once: no hang). Else the
     key blocks walk in order, each query block's turns descend, and the grid launches each
     head's last key block first, so a block only ever waits on blocks launched before it."""
-    sm_count, _ = launch.device_resources(device_index)
+    sm_count, _ = host.device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     return int(not spec.mask_kind.hides_keys
                and key_blocks * DETERMINISTIC_ROTATION_HEADS_PER_WAVE <= sm_count)
@@ -116,7 +116,7 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
         return schedule.BwdGrid()
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_sizes
-    sm_count, l2_bytes = launch.device_resources(device_index)
+    sm_count, l2_bytes = host.device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     query_blocks = -(-seqlen_q // spec.tile.block_m)
     group = heads // heads_kv

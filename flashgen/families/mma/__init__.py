@@ -10,10 +10,10 @@ import torch
 
 from codegen import params
 from codegen.families.mma import resources
-from codegen.masks import Band
-from codegen.score_mods import PLAIN, Modifiers
-from flashgen import launch, schedule
+from flashgen import host, schedule
+from flashgen.band import Band
 from flashgen.families.mma import tile_choice
+from flashgen.modifiers import PLAIN, Modifiers
 
 # None: tile_choice picks each shape's tile. An index pins that candidate (tools' bench, through
 # pinned_forward_tile): read when a shape is first planned, never per call.
@@ -24,7 +24,7 @@ def forward_plan(candidates, batch_heads: int, seqlen_q: int, device_index: int)
     """The spec that runs a forward call of this shape among a head dim's candidates (the main
     tile first), and its FwdParams fields."""
     if _pinned_tile is None:
-        sm_count, _ = launch.device_resources(device_index)
+        sm_count, _ = host.device_resources(device_index)
         tile = tile_choice.choose_tile([s.tile for s in candidates], batch_heads, seqlen_q,
                                        sm_count)
         spec = next(s for s in candidates if s.tile == tile)
@@ -61,7 +61,7 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     # Of the per-row statistics and the dQ workspace: (batch, heads, seqlen_q), or a packed
     # batch's (heads, total rows), which the launcher zeroes by BwdParams.q_view_rows.
     rows = q.shape[0] * heads * q.shape[1]
-    batch, seqlen_q, seqlen_k, sequences = launch.problem_sizes(q, k, varlen)
+    batch, seqlen_q, seqlen_k, sequences = host.problem_sizes(q, k, varlen)
     if varlen:
         # Ordered and split as a dense batch of the longest lengths: blocks past a shorter
         # sequence exit, every piece of a split block alike.
@@ -98,7 +98,7 @@ def backward_grid(spec, q_shape, k_sizes, device_index: int,
     batch, seqlen_q, heads, head_dim = q_shape
     seqlen_k, heads_kv = k_sizes
     group = heads // heads_kv
-    sm_count, l2_bytes = launch.device_resources(device_index)
+    sm_count, l2_bytes = host.device_resources(device_index)
     key_blocks = -(-seqlen_k // spec.tile.block_n)
     dq_bytes = group * seqlen_q * resources.padded_head_dim(head_dim) * 4
     uneven = spec.mask_kind.hides_keys

@@ -1,4 +1,5 @@
-"""Host helpers every pass and family shares: the device and stream a launch runs on, output
+"""Host-side helpers that every pass and family shares around its kernels' launches: the device
+and stream a launch runs on, the device's resources, the params' problem sizes, output
 allocation, and the one alignment policy for inputs."""
 
 from __future__ import annotations

@@ -1,0 +1,253 @@
+"""The build cache's format: found and verified here on a kernel's first call in a process,
+published here by the build (codegen/build.py), so that one module reads and writes it. Nothing
+here renders or imports Jinja.
+
+Layout (root: codegen.paths.cache_dir()):
+    <arch>/<spec name>-<key>/kernel.so + meta.json   one published entry per spec and key
+    <arch>/.build/                                   ninja's working folder (never loaded from)
+    <arch>/.lock                                     held while building that arch
+    binding/py<major><minor>-<key>/                  the pybind11 binding of one Python
+An entry's key is input_key (every input of the spec's render and compile but the compiler: see
+there) and the nvcc version. Entries are published by an atomic rename and verified (size and
+sha256) before they are loaded, so a killed build or a truncated file is rebuilt, never loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen import context, paths
+from codegen.arch import ARCHS
+from codegen.spec import KernelSpec
+
+# The flags every kernel compiles with; part of each entry's key. -Xptxas=-v: registers and
+# spills of every kernel land in its entry's meta.json.
+NVCC_FLAGS = ["-std=c++17", "-O3", "--use_fast_math", "--expt-relaxed-constexpr", "-DNDEBUG",
+              "-lineinfo", "-Xcompiler=-fPIC", "-Xptxas=-v"]
+LIB_NAME = "kernel.so"
+META_NAME = "meta.json"
+# The renderer's own code (how it turns a template and its variables into a source) is an input
+# of every render: read as a file, never imported.
+RENDERER_SOURCE = paths.PACKAGE_DIR / "render.py"
+
+BINDING_SOURCE = paths.TEMPLATES_DIR / "binding.cpp"
+CXX_FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    spec: KernelSpec
+    path: Path  # the entry folder
+
+    @property
+    def lib(self) -> Path:
+        return self.path / LIB_NAME
+
+    @property
+    def resources(self) -> dict:
+        """ptxas's report: registers, spill_bytes, stack_bytes (empty if unknown)."""
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            return json.loads((self.path / META_NAME).read_text())["resources"]
+        return {}
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"(flashgen/[^"]+)"', re.MULTILINE)
+# A Jinja template naming another ({% include "x" %}, extends, import, from): its text is an
+# input of the render too.
+_TEMPLATE_REFERENCE = re.compile(r'{%-?\s*(?:include|extends|import|from)\s+"([^"]+)"')
+
+
+@functools.cache
+def _header_closure(header: str) -> frozenset[str]:
+    """This flashgen header and every flashgen header it includes, transitively."""
+    found = {header}
+    for name in _INCLUDE.findall((paths.INCLUDE_DIR / header).read_text()):
+        found |= _header_closure(name)
+    return frozenset(found)
+
+
+def included_headers(*texts: str) -> set[str]:
+    """The flashgen headers that the texts include, transitively. An include inside a template's
+    {% if %} counts whether or not a spec takes that branch: a spec's key covers at least the
+    headers its rendered source includes."""
+    named = {name for text in texts for name in _INCLUDE.findall(text)}
+    return set().union(*(_header_closure(name) for name in named))
+
+
+def headers_digest(headers: set[str]) -> str:
+    """The headers by name and content (CUTLASS's are covered by its version): a change to the
+    backward's headers leaves forward kernels cached."""
+    h = hashlib.sha256()
+    for name in sorted(headers):
+        h.update(name.encode() + b"\0" + (paths.INCLUDE_DIR / name).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _template_texts(folder: Path, name: str, seen: dict[str, str]) -> dict[str, str]:
+    """The template `name` and those it names, transitively, by name (relative to folder)."""
+    if name not in seen:
+        seen[name] = (folder / name).read_text()
+        for other in _TEMPLATE_REFERENCE.findall(seen[name]):
+            _template_texts(folder, other, seen)
+    return seen
+
+
+@functools.cache
+def cutlass_version() -> str:
+    try:
+        return importlib.metadata.version("nvidia-cutlass")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def nvcc_version() -> str | None:
+    nvcc = paths.nvcc_path()
+    if nvcc is None:
+        return None
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def gencode(spec: KernelSpec) -> str:
+    """The spec's target and its family's own flags."""
+    family = spec.family_record
+    return " ".join([family.gencode(ARCHS[spec.arch]), *family.nvcc_flags])
+
+
+def render_inputs(spec: KernelSpec) -> tuple[dict[str, str], dict]:
+    """What a render of the spec reads beside the spec itself: its template and those it names,
+    transitively, by name, and its variables (codegen/context.py)."""
+    folder, name = context.template(spec)
+    return _template_texts(folder, name, {}), context.variables(spec)
+
+
+def render_input_headers(spec: KernelSpec) -> set[str]:
+    """The flashgen headers the spec's templates and variables (a variant's code) include."""
+    templates, variables = render_inputs(spec)
+    texts = [*templates.values(), *(v for v in variables.values() if isinstance(v, str))]
+    return included_headers(*texts)
+
+
+def input_key(spec: KernelSpec) -> str:
+    """Everything that determines the spec's binary except the compiler, from the renderer's
+    inputs rather than its output: the spec's identity (its tile and a config-defined variant's
+    snippets among it), the template file(s) it renders and the variables it renders them with
+    (codegen/context.py), the renderer's source, the flashgen headers all of these include,
+    transitively, the CUTLASS version, the flags and the gencode."""
+    templates, variables = render_inputs(spec)
+    parts = [repr(spec), *(f"{n}\0{text}" for n, text in sorted(templates.items())),
+             json.dumps(variables, sort_keys=True), RENDERER_SOURCE.read_text(),
+             headers_digest(render_input_headers(spec)), cutlass_version(), " ".join(NVCC_FLAGS),
+             gencode(spec)]
+    return _sha256("\0".join(parts).encode())
+
+
+def entry_key(spec: KernelSpec, nvcc: str) -> str:
+    return _sha256(f"{input_key(spec)}\0{nvcc}".encode())[:16]
+
+
+def arch_dir(arch: str) -> Path:
+    return paths.cache_dir() / arch
+
+
+def entry_path(spec: KernelSpec, nvcc: str) -> Path:
+    """Where the spec's entry built by this nvcc is (or will be) published."""
+    return arch_dir(spec.arch) / f"{spec.name}-{entry_key(spec, nvcc)}"
+
+
+def _valid(entry_path: Path) -> bool:
+    """The entry is complete and its library is the one that was published."""
+    try:
+        meta = json.loads((entry_path / META_NAME).read_text())
+        lib = entry_path / LIB_NAME
+        return lib.stat().st_size == meta["size"] and _file_sha256(lib) == meta["sha256"]
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def find_entry(spec: KernelSpec) -> Entry | None:
+    """The verified cache entry of this spec, if built. Without nvcc (a machine that only runs
+    kernels), any entry built from the same inputs by any nvcc is accepted."""
+    nvcc = nvcc_version()
+    if nvcc is not None:
+        candidates = [entry_path(spec, nvcc)]
+    else:
+        wanted = input_key(spec)
+        candidates = []
+        for path in sorted(arch_dir(spec.arch).glob(f"{spec.name}-*"),
+                           key=lambda p: p.stat().st_mtime, reverse=True):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if json.loads((path / META_NAME).read_text())["input_key"] == wanted:
+                    candidates.append(path)
+    for path in candidates:
+        if path.is_dir():
+            if _valid(path):
+                return Entry(spec, path)
+            _discard(path)  # corrupted or truncated: rebuilt by the next build
+    return None
+
+
+def _discard(path: Path) -> None:
+    trash = path.with_name(f".trash-{path.name}-{os.getpid()}")
+    with contextlib.suppress(OSError):
+        path.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def publish(spec: KernelSpec, built_lib: Path, nvcc: str, resources: dict) -> Entry:
+    """Copies a freshly built library into a temporary folder beside its entry, writes the meta
+    that find_entry verifies it by, and renames the folder into place."""
+    final = entry_path(spec, nvcc)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{spec.name}-", dir=final.parent))
+    shutil.copyfile(built_lib, tmp / LIB_NAME)
+    meta = {"name": spec.name, "input_key": input_key(spec), "nvcc": nvcc,
+            "size": (tmp / LIB_NAME).stat().st_size, "sha256": _file_sha256(tmp / LIB_NAME),
+            "resources": resources}
+    (tmp / META_NAME).write_text(json.dumps(meta, indent=1) + "\n")
+    try:
+        tmp.rename(final)
+    except OSError:  # an entry appeared meanwhile (another cache root sharing the folder)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Entry(spec, final)
+
+
+def binding_path() -> Path:
+    """Where the pybind11 module for this Python is, once built (codegen/build.py's
+    build_binding): keyed by its source and headers, the Python and pybind11 versions, the C++
+    compiler and its flags."""
+    import sysconfig
+
+    import pybind11  # a dependency of the binding alone
+
+    source = BINDING_SOURCE.read_text()
+    cxx = os.environ.get("CXX", "c++")
+    key = _sha256("\0".join([source, headers_digest(included_headers(source)), sys.version,
+                             pybind11.__version__, cxx, " ".join(CXX_FLAGS)]).encode())[:16]
+    folder = paths.cache_dir() / "binding" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}"
+    return folder / f"_flashgen_binding{sysconfig.get_config_var('EXT_SUFFIX')}"
