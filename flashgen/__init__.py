@@ -12,13 +12,13 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_atte
 
 def __getattr__(name):
     if name in ("flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention"):
-        from flashgen import interface
+        from flashgen import attention
 
-        return getattr(interface, name)
+        return getattr(attention, name)
     if name == "flash_attn_with_kvcache":
-        from flashgen import inference
+        from flashgen import kvcache
 
-        return inference.flash_attn_with_kvcache
+        return kvcache.flash_attn_with_kvcache
     if name == "block_mask":
         from flashgen import variant_args
 

@@ -58,7 +58,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
            window_left: int, window_right: int, rotary_interleaved: bool, num_splits: int,
            variant: str = "", *variant_tensors):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
-    inputs (flashgen/inference.py); k_new and v_new, when given, are written into the caches
+    inputs (flashgen/kvcache.py); k_new and v_new, when given, are written into the caches
     first (rotated when rotary_cos is given). The queries see the band of keys that
     validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
     > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned

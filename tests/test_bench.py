@@ -134,7 +134,7 @@ def test_plot_from_json_needs_no_gpu_and_draws_a_figure_per_mode(tmp_path, capsy
 
 
 class _NoBackward(torch.autograd.Function):
-    """Stands in for an implementation without a backward (flashgen's interface._NoBackward)."""
+    """Stands in for an implementation without a backward."""
 
     @staticmethod
     def forward(ctx, q, k, v):

@@ -171,7 +171,7 @@ def detailed_checks_pass(check) -> bool:
 @pytest.mark.parametrize("case", sorted(TENSOR_CASES))
 def test_one_pass_check_agrees_with_the_detailed_checks(tensors_report_their_pretend_device,
                                                          case):
-    from flashgen import interface, validate
+    from flashgen import attention, validate
 
     q, k, v = TENSOR_CASES[case]()
     good = detailed_checks_pass(lambda: (validate.check_qkv(("q", "k", "v"), q, k, v),
@@ -180,7 +180,7 @@ def test_one_pass_check_agrees_with_the_detailed_checks(tensors_report_their_pre
                                                                     case not in DETAILED_ONLY)
     query, key, value = (heads_first(t) if isinstance(t, torch.Tensor) and t.dim() == 4 else t
                          for t in (q, k, v))
-    good_sdpa = detailed_checks_pass(lambda: interface._check_sdpa_tensors(query, key, value))
+    good_sdpa = detailed_checks_pass(lambda: attention._check_sdpa_tensors(query, key, value))
     assert good_sdpa == good
     assert validate.passes_tensor_checks(query, key, value, heads_axis=1) == (
         good and case not in DETAILED_ONLY)
