@@ -7,7 +7,11 @@ Importing the package is cheap; torch is imported when a function is first used.
 
 __version__ = "0.1.0"
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention",
-           "flash_attn_with_kvcache", "merge_attention_states", "block_mask", "__version__"]
+           "flash_attn_with_kvcache", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "merge_attention_states", "block_mask", "__version__"]
+_PACKED = ("flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func")
 
 
 def __getattr__(name):
@@ -19,6 +23,10 @@ def __getattr__(name):
         from flashgen import kvcache
 
         return kvcache.flash_attn_with_kvcache
+    if name in _PACKED:
+        from flashgen import packed
+
+        return getattr(packed, name)
     if name == "block_mask":
         from flashgen import variant_args
 
