@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
 
@@ -64,6 +65,12 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
     bottom-right like the mask; variant: a config-defined variant's name (its mask in place of
     the band, which is then unbounded) with its checked tensors, on the decode kernel."""
+    padded_head_dim = _padded_head_dim(q.get_device(), q.dtype, q.shape[-1])
+    if padded_head_dim is not None:
+        return _decode_padded(padded_head_dim, q, k_cache, v_cache, k_new, v_new, rotary_cos,
+                              rotary_sin, cache_seqlens, cache_batch_idx, block_table, scale,
+                              softcap, alibi_slopes, window_left, window_right,
+                              rotary_interleaved, num_splits, variant, *variant_tensors)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not host.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -155,6 +162,43 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
 
 
 _CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
+
+
+@functools.lru_cache(maxsize=256)
+def _padded_head_dim(device_index: int, dtype: torch.dtype, head_dim: int) -> int | None:
+    """The configured head dim whose decode kernels run a head dim that has none of its own, or
+    None where it has its own."""
+    props = torch.cuda.get_device_properties(device_index)
+    arch = arch_for_capability(props.major, props.minor)
+    short = "fp16" if dtype == torch.float16 else "bf16"
+    choice = registry.candidates(arch, "decode", short, head_dim, "none")[0]
+    return choice.spec.head_dim if choice.pad_head_dim else None
+
+
+_warned_padded: set[int] = set()
+
+
+def _decode_padded(head_dim: int, q, k_cache, v_cache, k_new, v_new, *arguments):
+    """A head dim without decode kernels of its own runs, as FlashAttention-2 runs it, on
+    zero-padded copies (exact: zero columns add nothing to q.k, and the output's padded columns
+    are dropped); appended keys and values are copied back into the caller's caches. Copying the
+    caches costs a pass over them each call: a config table for the head dim avoids it."""
+    width = q.shape[-1]
+    if width not in _warned_padded:
+        _warned_padded.add(width)
+        print(f"flashgen: flash_attn_with_kvcache at head dim {width} runs on copies of the "
+              f"caches padded to {head_dim} (configure head dim {width} for its own kernels)",
+              file=sys.stderr)
+
+    def pad(t):
+        return None if t is None else torch.nn.functional.pad(t, (0, head_dim - width))
+
+    k_padded, v_padded = pad(k_cache), pad(v_cache)
+    out, lse = decode(pad(q), k_padded, v_padded, pad(k_new), pad(v_new), *arguments)
+    if k_new is not None:
+        k_cache.copy_(k_padded[..., :width])
+        v_cache.copy_(v_padded[..., :width])
+    return out[..., :width].contiguous(), lse
 
 
 def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,

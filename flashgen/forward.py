@@ -57,7 +57,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
 
     if padded_head_dim is not None:
         q, k, v = host.padded((q, k, v), padded_head_dim)
-        o = q.new_empty((batch, seqlen_q, heads, padded_head_dim))
+        o = q.new_empty(q.shape)  # (1, total_q, ...) for a variable-length batch
     else:  # out is freshly allocated, so aligned; the inputs may be any views
         q, k, v = host.aligned(q, k, v, tma=tma_inputs)
         o = out

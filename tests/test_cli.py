@@ -43,10 +43,10 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # modifiers; document's on both families and archs
     assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
                                            + 5 * 3 * 2 * 4 + 32)
-    # head dims 64 and 128 x (main + prefill alt tile) x 2 dtypes x 3 masks x 3 score modifiers;
-    # document's, head_window's and relative_bias's (decode = true: 2 + 3 masks) of the same
-    # tiles
-    assert manifest.count('"name": "decode_mma_sm90_') == 4 * 2 * 3 * 3 + 4 * 2 * 5
+    # head dims 64 and 128 x (main + prefill alt tile) and head dim 256's main tile, x 2 dtypes x 3
+    # masks x 3 score modifiers; document's, head_window's and relative_bias's (decode = true: 2 +
+    # 3 masks) of head dims 64's and 128's tiles
+    assert manifest.count('"name": "decode_mma_sm90_') == 5 * 2 * 3 * 3 + 4 * 2 * 5
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 7 * 2 * 2 + 2 + 4
@@ -54,7 +54,7 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('"name": "bwd_hopper_sm90_') == 5 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
     # softcap: mma forward, backward, hopper forward, backward (each twice: with dropout), decode
     assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
-        (54 + 36 + 34 + 30) * 2 + 24)
+        (54 + 36 + 34 + 30) * 2 + 30)
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):

@@ -22,11 +22,11 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # Forward and backward kernels x 3 masks x 4 score modifiers (none, softcap, alibi, bias): mma (2
     # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
     # dims + 5 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
-    # decode kernels, which take softcap and ALiBi of the score modifiers: (2 archs x 2 head dims
+    # decode kernels, which take softcap and ALiBi of the score modifiers: (2 archs x 3 head dims
     # + 2 sm_90 alt tiles) x 2 dtypes x 3 masks x 3. The config's dropout doubles the mma family's
     # forward and backward kernels and the hopper family's.
     built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 5 * 3 * 2 * 2) * 4
-                + (2 * 2 + 2) * 2 * 3 * 3)
+                + (2 * 3 + 2) * 2 * 3 * 3)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (block_sparse, document, head_window, prefix_lm; relative_bias under none, causal and window)
     # 2 dtypes x mma (2 archs x
@@ -42,7 +42,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2) + 2 * 2 * 2 * 5
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 30) * 2) * 4 + 24 * 3 + sm_90_variants)
+        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 30) * 2) * 4 + 30 * 3 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
                                                                  ("hopper", "fwd"),
                                                                  ("hopper", "bwd")}
@@ -88,7 +88,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     # as above; variants: 7 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims, document's twice (with dropout), and the decode kernels of document,
     # head_window and relative_bias (5 masks x 2 dtypes x 2 archs x 2 head dims)
-    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 2 * 3) * 2 * 3 + (5 + 5) * 2 * 2 * 3 * 4
+    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 3 * 3) * 2 * 3 + (5 + 5) * 2 * 2 * 3 * 4
                           + 8 * 2 * (2 * 2 + 2) * 2 + 5 * 2 * 2 * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
