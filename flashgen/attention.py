@@ -42,6 +42,20 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     tensors get no gradient. dropout_p > 0 with a variant runs where its table sets dropout =
     true (the default config's document variant does).
     """
+    q, k, v, scale, mask, band, mods = dense_arguments(
+        q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, variant,
+        variant_tensors, block_mask)
+    out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
+                             mods=mods)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def dense_arguments(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
+                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, variant=None,
+                    variant_tensors=None, block_mask=None, dropout_seed=None):
+    """flash_attn_func's checked arguments as ops.attention takes them: (q, k, v, scale, mask,
+    band, mods). dropout_seed: the Philox key of an earlier forward to regenerate its dropout
+    mask with (a backward called on its own), else a fresh one is drawn."""
     if dropout_p != 0.0:
         dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
@@ -62,10 +76,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                                                 q.shape[0], seqlen_q, seqlen_k, mask, band, mods,
                                                 dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
-        mods = validate.with_dropout(mods, dropout_p, q.device)
-    out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
-                             mods=mods)
-    return (out, lse, None) if return_attn_probs else out
+        mods = validate.with_dropout(mods, dropout_p, q.device, dropout_seed)
+    return q, k, v, scale, mask, band, mods
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -87,11 +99,28 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
     on the host.
     """
-    if dropout_p != 0.0:
-        dropout_p = validate.check_dropout(dropout_p)
     if block_table is not None:
         raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
                                   "flash_attn_with_kvcache reads paged caches")
+    q4, k4, v4, scale, mask, band, varlen, mods = varlen_arguments(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+        softmax_scale, causal, window_size, softcap, alibi_slopes, variant, variant_tensors,
+        block_mask)
+    out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
+                             varlen=varlen, mods=mods)
+    out = out.squeeze(0)
+    return (out, lse.squeeze(0), None) if return_attn_probs else out
+
+
+def varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                     softcap=0.0, alibi_slopes=None, variant=None, variant_tensors=None,
+                     block_mask=None, dropout_seed=None):
+    """flash_attn_varlen_func's checked arguments as ops.attention takes them: (q, k, v as (1,
+    total, heads, dim) views, scale, mask, band, varlen, mods); dropout_seed as in
+    dense_arguments."""
+    if dropout_p != 0.0:
+        dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, torch.Tensor) and t.dim() != 3:
@@ -121,11 +150,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                                 batch, max_seqlen_q, max_seqlen_k, mask, band,
                                                 mods, varlen, dropout=dropout_p != 0.0)
     if dropout_p != 0.0:
-        mods = validate.with_dropout(mods, dropout_p, q.device)
-    out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
-                             varlen=varlen, mods=mods)
-    out = out.squeeze(0)
-    return (out, lse.squeeze(0), None) if return_attn_probs else out
+        mods = validate.with_dropout(mods, dropout_p, q.device, dropout_seed)
+    return q4, k4, v4, scale, mask, band, varlen, mods
 
 
 def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:

@@ -61,6 +61,25 @@ def attention(q, k, v, scale: float, mask: str, band: Band, deterministic: bool,
     return torch.ops.flashgen.fwd.default(*arguments)
 
 
+def attention_backward(dout, q, k, v, out, lse, scale: float, mask: str, band: Band,
+                       deterministic: bool, heads_first: bool, varlen: tuple = (),
+                       mods: Modifiers = PLAIN):
+    """dq, dk, dv = flashgen::bwd(...) from a forward's out and lse, for callers that keep them
+    themselves rather than through autograd (FlashAttention-2's _flash_attn_backward, ring
+    attention's per-block backward); the arguments as attention() took them."""
+    arguments = fwd_arguments(q, k, v, scale, mask, band, deterministic, heads_first, mods,
+                              varlen)
+    if missing := _FWD_ARGUMENTS - len(arguments):
+        arguments += _FWD_DEFAULTS[-missing:]
+    arguments = SAVED.bwd_order((dout, False, *SAVED.tensors(arguments), out, lse,
+                                 *SAVED.values(arguments)))
+    if _runs_plain_eager(_bwd_inputs(arguments)):
+        dq, dk, dv, _ = _bwd_cuda(*arguments)
+    else:
+        dq, dk, dv, _ = torch.ops.flashgen.bwd.default(*arguments)
+    return dq, dk, dv
+
+
 def mask_ranges(variant: str, q, k, tensors: tuple, varlen: tuple = ()):
     """flashgen::mask_ranges(...): a variant's mask ranges for q and k (batch, seq, heads, dim)
     as passed to fwd; varlen as in attention()."""

@@ -182,10 +182,16 @@ def draw_dropout_seed(device) -> torch.Tensor:
     return torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64, device=device)
 
 
-def with_dropout(mods, dropout_p: float, device):
-    """mods with a checked dropout_p > 0 and a fresh key for it (draw_dropout_seed); the
-    backward reuses the forward's key."""
-    return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=draw_dropout_seed(device))
+def with_dropout(mods, dropout_p: float, device, dropout_seed=None):
+    """mods with a checked dropout_p > 0 and a fresh key for it (draw_dropout_seed), or the key
+    given (an earlier forward's, for its backward: the same key regenerates the same mask)."""
+    if dropout_seed is None:
+        dropout_seed = draw_dropout_seed(device)
+    elif (not isinstance(dropout_seed, torch.Tensor) or dropout_seed.dtype != torch.int64
+          or dropout_seed.numel() < 1 or dropout_seed.device != torch.device(device)):
+        raise ValueError(f"flashgen: the dropout key (rng_state) must be the int64 tensor on "
+                         f"{device} that the forward returned, got {dropout_seed!r}")
+    return dataclasses.replace(mods, dropout_p=dropout_p, dropout_seed=dropout_seed[:1])
 
 
 def modifiers(softcap, alibi_slopes, q, batch: int):
