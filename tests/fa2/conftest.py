@@ -13,6 +13,9 @@ part:
     FLASHGEN_FA2_HEAD_DIMS   comma-separated (default 40,59,64,111,128: 64 and 128 and the dims
                              flashgen pads to them); "all" keeps every head dim the suite lists
     FLASHGEN_FA2_DTYPES      fp16,bf16 (default both)
+    FLASHGEN_FA2_FIX         name=value,... keeps only the cases with those arguments (e.g.
+                             alibi=False,local=False for a machine with the plain kernels
+                             built); a run narrowed so is not the conformance run
 The one exclusion: the dropout cases of the four tests that read S_dmask, FA2's debug return of
 the dropout pattern (test_flash_attn_qkvpacked, test_flash_attn_varlen_qkvpacked,
 test_flash_attn_output, test_flash_attn_varlen_output); flashgen returns no S_dmask.
@@ -24,6 +27,7 @@ selection (tests/test_fa2_selection.py), the GPU run checks flashgen.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import itertools
 import math
@@ -53,6 +57,7 @@ class Selection:
     head_dims: frozenset[int] | None  # None: every head dim
     dtypes: frozenset
     per_test: int
+    fixed: tuple[tuple[str, object], ...] = ()
 
     @classmethod
     def from_environment(cls) -> "Selection":
@@ -66,9 +71,15 @@ class Selection:
         return cls(seed=int(seed) if seed else random.SystemRandom().randrange(1 << 31),
                    head_dims=None if dims == "all" else frozenset(int(d) for d in dims.split(",")),
                    dtypes=frozenset(DTYPES[name] for name in dtypes.split(",")),
-                   per_test=int(os.environ.get("FLASHGEN_FA2_PER_TEST", "400")))
+                   per_test=int(os.environ.get("FLASHGEN_FA2_PER_TEST", "400")),
+                   fixed=tuple((name, ast.literal_eval(value)) for name, value in
+                               (item.split("=", 1) for item in
+                                os.environ.get("FLASHGEN_FA2_FIX", "").split(",") if item)))
 
     def keeps(self, test: str, argname: str, value) -> bool:
+        for name, fixed in self.fixed:
+            if argname == name and value != fixed:
+                return False
         if argname == HEAD_DIM_ARGUMENT and self.head_dims is not None:
             return value in self.head_dims
         if argname == "dtype":
@@ -179,7 +190,9 @@ def pytest_report_header(config):
     dtypes = ",".join(name for name, d in DTYPES.items() if d in SELECTION.dtypes)
     return (f"FlashAttention-2 suite (0251105a) sample: FLASHGEN_FA2_SEED={SELECTION.seed} "
             f"FLASHGEN_FA2_HEAD_DIMS={dims} FLASHGEN_FA2_DTYPES={dtypes} "
-            f"FLASHGEN_FA2_PER_TEST={SELECTION.per_test}")
+            f"FLASHGEN_FA2_PER_TEST={SELECTION.per_test}"
+            + (f" FLASHGEN_FA2_FIX={os.environ['FLASHGEN_FA2_FIX']} (narrowed: not the "
+               f"conformance run)" if SELECTION.fixed else ""))
 
 
 def pytest_terminal_summary(terminalreporter):
