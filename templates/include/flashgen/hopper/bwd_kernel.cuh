@@ -441,7 +441,8 @@ template <class Traits, class Work, class Walk, class Tmas>
 __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tmas,
                                              typename Traits::SharedStorage& smem,
                                              Work const& work, Walk const& walk,
-                                             StepShare share, typename Traits::PipelineQ& pipeline_q,
+                                             StepShare share,
+                                             typename Traits::PipelineQ& pipeline_q,
                                              typename Traits::PipelineDo& pipeline_do) {
   using namespace cute;
   using HD = typename Traits::HD;
@@ -449,10 +450,10 @@ __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tma
   using KV = typename Traits::SmemLayoutKV;
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, 1)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, 1)
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  // (BLK_M, HD, PIPE)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDo{});
-  // (BLK_M, HD, PIPE_DO)
+  using QLayout = typename Traits::SmemLayoutQ;
+  using DoLayout = typename Traits::SmemLayoutDo;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});      // (BLK_M, HD, PIPE)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), DoLayout{});  // (BLK_M, HD, PIPE_DO)
   auto load_second_keys = [&] {
     if constexpr (Traits::kDoFirst) {
       load_keys<Traits>(p, work, tmas.k, sK, smem.k_full);
@@ -471,8 +472,8 @@ __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tma
 
   // (rows, HD, heads, slots) of the TMA views
   Tensor mQ = tmas.q.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
-  Tensor mdO =
-      tmas.dout.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
+  Tensor mdO = tmas.dout.get_tma_tensor(
+      make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));  // (rows, HD, heads, slots)
   auto q_state = cutlass::make_producer_start_state<typename Traits::PipelineQ>();
   auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
   int step = 0;
@@ -676,7 +677,7 @@ __device__ __forceinline__ void stage_dq_share(Acc const& acc, float* dq_staging
 // columns. The other buffers' last readers, the previous step's GEMMs, are done in every
 // consumer: each waited for them before writing this step's. Returns with dK's GEMM (kDqBeforeDk)
 // still in flight.
-// tdVrP, tdKrdS: (MMA, MMA_M, MMA_K), or split by the head dim descriptors (..., DS_BUFFERS);
+// tdVrP, tdKrdS: (MMA, MMA_M, MMA_K), or split by the head dim descriptors (..., DS_BUFS);
 // tdVrdO, tdKrQ: (MMA, MMA_N, MMA_K, PIPE) descriptors; tdVrdV, tdKrdK: (MMA, MMA_M, MMA_N) fp32;
 // dq (and dq2, the second consumer's share where the shares differ): (its K operand, its dS
 // operand, its fp32 accumulator), as dq_operands makes them.
@@ -794,7 +795,8 @@ __device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tma
               domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
               Shape<_64, KvCols>{}, make_coord(_, _));  // (64, KV_COLS, key slabs, col shares)
           auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{},
-                                        group_modes<0, 2>(own_share(s)), group_modes<0, 2>(g));
+                                        group_modes<0, 2>(own_share(s)),
+                                        group_modes<0, 2>(g));  // (TMA, slabs, shares), (TMA)
           copy(tma, ts, tg(_, key0 / 64, row_share));
         };
         store(tmas.dv, sV);
@@ -857,20 +859,21 @@ __device__ __forceinline__ void bwd_consumer(
   using KV = typename Traits::SmemLayoutKV;
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, 1)
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, 1)
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
-  // (HD, BLK_N, 1)
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  // (BLK_M, HD, PIPE)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDo{});
-  // (BLK_M, HD, PIPE_DO)
-  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
-  // (HD, BLK_M, PIPE)
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDot{});
-  // (HD, BLK_M, PIPE_DO)
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDs{});
-  // (BLK_M, BLK_N, DS_BUFFERS)
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDst{});
-  // (BLK_N, BLK_M, DS_BUFFERS)
+  // The buffers, and their transposes (suffix t: the same bytes as MN-major operands).
+  using LayoutKt = typename Traits::SmemLayoutKt;
+  using LayoutQ = typename Traits::SmemLayoutQ;
+  using LayoutQt = typename Traits::SmemLayoutQt;
+  using LayoutDo = typename Traits::SmemLayoutDo;
+  using LayoutDot = typename Traits::SmemLayoutDot;
+  using LayoutDs = typename Traits::SmemLayoutDs;
+  using LayoutDst = typename Traits::SmemLayoutDst;
+  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), LayoutKt{});       // (HD, BLK_N, 1)
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), LayoutQ{});         // (BLK_M, HD, PIPE)
+  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), LayoutQt{});       // (HD, BLK_M, PIPE)
+  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), LayoutDo{});    // (BLK_M, HD, PIPE_DO)
+  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), LayoutDot{});  // (HD, BLK_M, PIPE_DO)
+  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), LayoutDs{});    // (BLK_M, BLK_N, DS_BUFS)
+  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), LayoutDst{});  // (BLK_N, BLK_M, DS_BUFS)
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDkv mma_dkv;
@@ -895,18 +898,17 @@ __device__ __forceinline__ void bwd_consumer(
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});  // (MMA, MMA_M, MMA_N)
   // (MMA, MMA_M, MMA_N) -> (key, query row) in the step's tile
   Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Rows>{}));
-  // tScS as (key, query row) rows and columns, (keys, query cols): each of its columns is one
-  // query row of the block.
-  Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
+  // tScS as (key, query row) rows and columns: each of its columns is one query row of the block.
+  Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));  // (keys, query cols)
   // Not beside a modifier whose derivative is not 1 (P^T is computed after dP^T's GEMM then,
   // beside its accumulator) nor beside dropout's random bits: they spill.
   constexpr bool kStatsInRegisters =
       Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
   // P^T and dS^T in 16 bits, (MMA, MMA_M, MMA_N): the A operands of dV += P^T dO and dK += dS^T
   // Q, from registers, (MMA, MMA_M, MMA_K), or split by the head dim from the P and dS buffers
-  // (descriptors, (MMA, MMA_M, MMA_K, DS_BUFFERS)).
-  Tensor tSrP = make_tensor<Element>(tSrS.layout());
-  Tensor tSrdS = make_tensor<Element>(tSrS.layout());
+  // (descriptors, (MMA, MMA_M, MMA_K, DS_BUFS)).
+  Tensor tSrP = make_tensor<Element>(tSrS.layout());   // (MMA, MMA_M, MMA_N)
+  Tensor tSrdS = make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
   auto dkv_a_operands = [&] {  // (P^T's, dS^T's)
     if constexpr (kSplitHeadDim) {
       return cute::make_tuple(thr_dkv.partition_fragment_A(sdSt),
@@ -940,22 +942,22 @@ __device__ __forceinline__ void bwd_consumer(
   Tensor tdSsdS = thr_store_ds.partition_D(
       local_tile(as_position_independent_swizzle_tensor(sdSt),
                  Shape<_64, Rows, typename Traits::DsBuffers>{},
-                 make_coord(key_share, row_share, _0{})));  // (STSM, STSM_M, STSM_N, DS_BUFFERS)
+                 make_coord(key_share, row_share, _0{})));  // (STSM, STSM_M, STSM_N, DS_BUFS)
   Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);  // (STSM, STSM_M, STSM_N)
   Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);    // (STSM, STSM_M, STSM_N)
   // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
   // columns) times dS^T.
   using DqRows = Int<Traits::kDqRows>;
+  // (DQ_ROWS, BLK_N, DS_BUFS)
   Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
                                make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
-  // (DQ_ROWS, BLK_N, DS_BUFFERS)
   // (K's, dS's, the accumulator) of a share of `cols` columns from first_col (a multiple of it):
-  // descriptors (MMA, MMA_M or MMA_N, MMA_K, 1) and (..., DS_BUFFERS); fp32 (MMA, MMA_M, MMA_N).
+  // descriptors (MMA, MMA_M or MMA_N, MMA_K, 1) and (..., DS_BUFS); fp32 (MMA, MMA_M, MMA_N).
   auto dq_operands = [&](auto const& mma, auto cols, int first_col) {
     using Cols = decltype(cols);
     auto thr = mma.get_thread_slice(thread);
-    Tensor sKtShare =
-        local_tile(sKt, Shape<Cols, BN, _1>{}, make_coord(first_col / Cols::value, _0{}, _0{}));
+    Tensor sKtShare = local_tile(sKt, Shape<Cols, BN, _1>{},
+                                 make_coord(first_col / Cols::value, _0{}, _0{}));  // (COLS, BLK_N)
     if constexpr (Traits::kDqTransposed) {
       return cute::make_tuple(thr.partition_fragment_A(sKtShare),
                               thr.partition_fragment_B(sdSShare),

@@ -295,10 +295,10 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
   Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, PIPE)
   // (rows, HD, heads, slots) of the TMA views; K's and V's of the KV heads
   Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
-  Tensor mK =
-      tmas.k.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
-  Tensor mV =
-      tmas.v.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
+  Tensor mK = tmas.k.get_tma_tensor(
+      make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
+  Tensor mV = tmas.v.get_tma_tensor(
+      make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
   auto k_state = cutlass::make_producer_start_state<Pipeline>();
   auto v_state = cutlass::make_producer_start_state<Pipeline>();
   int q_loads = 0;
@@ -582,12 +582,12 @@ __device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tma
   constexpr int kBlockN = Traits::kBlockN;
   using HD = typename Traits::HD;
   const int thread = threadIdx.x % 128;
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  // (64, HD, kConsumers)
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
-  // (BLK_N, HD, PIPE)
-  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
-  // (HD, BLK_N, PIPE)
+  using QLayout = typename Traits::SmemLayoutQ;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});  // (64, HD, kConsumers)
+  using KvLayout = typename Traits::SmemLayoutKV;
+  using VtLayout = typename Traits::SmemLayoutVt;  // V's bytes as PV's B operand, V^T
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KvLayout{});   // (BLK_N, HD, PIPE)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), VtLayout{});  // (HD, BLK_N, PIPE)
 
   typename Traits::TiledMmaS mma_s;
   typename Traits::TiledMmaO mma_o;
@@ -609,8 +609,9 @@ __device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tma
   auto output_buffer = [&] {
     if constexpr (Traits::kOwnOutputBuffer) return smem.o.data(); else return smem.q.data();
   };
-  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), typename Traits::SmemLayoutQ{});
-  Tensor mO = tmas.o.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
+  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), QLayout{});  // (64, HD, kConsumers)
+  Tensor mO = tmas.o.get_tma_tensor(
+      make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));  // (rows, HD, heads, slots)
 
   const GemmTurns<Traits> turns{consumer};
   typename Traits::PipelineKV::PipelineState k_state, v_state;
