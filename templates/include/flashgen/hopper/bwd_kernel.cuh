@@ -16,6 +16,13 @@
 // registers (to a zeroed workspace; a deterministic run where no staging buffer fits, in turn).
 // After the walk, dK and dV leave through K's and V's buffers. bwd_aux.cuh prepares lse and D
 // before and converts dQ after.
+//
+// By role, each a __forceinline__ function or a small struct (every wgmma-issuing call must
+// inline: ptxas serialises wgmma across a call, C7510): KeyBlockWork, grid_piece and StepShare
+// schedule (which key block, piece and steps a block runs); bwd_producer (TMA loads);
+// add_dq_shares (the dQ warp); bwd_consumer's mainloop per step: issue_s_and_dp, bwd_softmax
+// (with RowStats), issue_dkv_and_dq, then the dQ share out (add_dq_from_registers or
+// stage_dq_share); sum_pieces and bwd_epilogue (dK and dV out) after the walk.
 #pragma once
 
 #include <utility>
@@ -393,6 +400,40 @@ __device__ __forceinline__ Ring make_ring(typename Ring::SharedStorage& storage,
   return Ring(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
+// The shared-memory buffers as tensors, and their transposes (suffix t: the same bytes as
+// MN-major operands).
+template <class Traits>
+struct BwdSmemTensors {
+  template <class Layout>
+  using View = decltype(cute::make_tensor(
+      cute::make_smem_ptr(std::declval<typename Traits::Element*>()), Layout{}));
+  View<typename Traits::SmemLayoutKV> sK;    // (BLK_N, HD, 1)
+  View<typename Traits::SmemLayoutKV> sV;    // (BLK_N, HD, 1)
+  View<typename Traits::SmemLayoutKt> sKt;   // (HD, BLK_N, 1)
+  View<typename Traits::SmemLayoutQ> sQ;     // (BLK_M, HD, PIPE)
+  View<typename Traits::SmemLayoutQt> sQt;   // (HD, BLK_M, PIPE)
+  View<typename Traits::SmemLayoutDo> sdO;   // (BLK_M, HD, PIPE_DO)
+  View<typename Traits::SmemLayoutDot> sdOt; // (HD, BLK_M, PIPE_DO)
+  View<typename Traits::SmemLayoutDs> sdS;   // (BLK_M, BLK_N, DS_BUFS); P's at 2 and 3
+  View<typename Traits::SmemLayoutDst> sdSt; // (BLK_N, BLK_M, DS_BUFS)
+
+  __device__ __forceinline__ explicit BwdSmemTensors(typename Traits::SharedStorage& smem)
+      : sK(view<typename Traits::SmemLayoutKV>(smem.k.data())),
+        sV(view<typename Traits::SmemLayoutKV>(smem.v.data())),
+        sKt(view<typename Traits::SmemLayoutKt>(smem.k.data())),
+        sQ(view<typename Traits::SmemLayoutQ>(smem.q.data())),
+        sQt(view<typename Traits::SmemLayoutQt>(smem.q.data())),
+        sdO(view<typename Traits::SmemLayoutDo>(smem.dout.data())),
+        sdOt(view<typename Traits::SmemLayoutDot>(smem.dout.data())),
+        sdS(view<typename Traits::SmemLayoutDs>(smem.ds.data())),
+        sdSt(view<typename Traits::SmemLayoutDst>(smem.ds.data())) {}
+
+  template <class Layout>
+  __device__ __forceinline__ static View<Layout> view(typename Traits::Element* data) {
+    return cute::make_tensor(cute::make_smem_ptr(data), Layout{});
+  }
+};
+
 // K or V of the thread block's key block, (BLK_N, HD), into its buffer s on a barrier of its own.
 template <class Traits, class Work, class Tma, class STensor>
 __device__ __forceinline__ void load_keys(BwdParams const& p, Work const& work, Tma const& tma,
@@ -447,25 +488,19 @@ __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tma
   using namespace cute;
   using HD = typename Traits::HD;
   const bool producer_thread = threadIdx.x == 0;
-  using KV = typename Traits::SmemLayoutKV;
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, 1)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, 1)
-  using QLayout = typename Traits::SmemLayoutQ;
-  using DoLayout = typename Traits::SmemLayoutDo;
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});      // (BLK_M, HD, PIPE)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), DoLayout{});  // (BLK_M, HD, PIPE_DO)
+  const BwdSmemTensors<Traits> buffers(smem);
   auto load_second_keys = [&] {
     if constexpr (Traits::kDoFirst) {
-      load_keys<Traits>(p, work, tmas.k, sK, smem.k_full);
+      load_keys<Traits>(p, work, tmas.k, buffers.sK, smem.k_full);
     } else {
-      load_keys<Traits>(p, work, tmas.v, sV, smem.v_full);
+      load_keys<Traits>(p, work, tmas.v, buffers.sV, smem.v_full);
     }
   };
   if (producer_thread) {
     if constexpr (Traits::kDoFirst) {
-      load_keys<Traits>(p, work, tmas.v, sV, smem.v_full);
+      load_keys<Traits>(p, work, tmas.v, buffers.sV, smem.v_full);
     } else {
-      load_keys<Traits>(p, work, tmas.k, sK, smem.k_full);
+      load_keys<Traits>(p, work, tmas.k, buffers.sK, smem.k_full);
     }
     if constexpr (!Traits::kSecondKeysLate) load_second_keys();
   }
@@ -481,11 +516,11 @@ __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tma
        at = walk.next(work.mask, at), ++step) {
     if (producer_thread) {
       auto load_q = [&] {
-        load_rows<Traits>(p, work, tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2,
+        load_rows<Traits>(p, work, tmas.q, mQ, buffers.sQ, pipeline_q, q_state, p.softmax_lse_log2,
                           smem.lse_log2, at.head, at.m_block);
       };
       auto load_do = [&] {
-        load_rows<Traits>(p, work, tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d,
+        load_rows<Traits>(p, work, tmas.dout, mdO, buffers.sdO, pipeline_do, do_state, p.softmax_d,
                           smem.d, at.head, at.m_block);
       };
       if constexpr (Traits::kDoFirst) {
@@ -546,13 +581,13 @@ struct RowStats {
 // with one Q stage, kDoFirst), lse read under the first. The second of K and V arrives under the
 // first step's first GEMM where the traits load it late. tSrK, tSrV: (MMA, MMA_M, MMA_K); tSrQ,
 // tSrdO: (MMA, MMA_N, MMA_K, PIPE) descriptors; tSrS, tSrdP: (MMA, MMA_M, MMA_N) fp32.
-template <class Traits, class Mma, class FragK, class FragQ, class Acc, class Stats>
+template <class Traits, class Mma, class FragK, class FragQ, class FragDo, class Acc, class Stats>
 __device__ __forceinline__ void issue_s_and_dp(
     typename Traits::SharedStorage& smem, int step, typename Traits::PipelineQ& pipeline_q,
     typename Traits::PipelineQ::PipelineState const& q_state,
     typename Traits::PipelineDo& pipeline_do,
     typename Traits::PipelineDo::PipelineState const& do_state, Mma& mma, FragK const& tSrK,
-    FragK const& tSrV, FragQ const& tSrQ, FragQ const& tSrdO, Acc& tSrS, Acc& tSrdP,
+    FragK const& tSrV, FragQ const& tSrQ, FragDo const& tSrdO, Acc& tSrS, Acc& tSrdP,
     Stats& stats) {
   using namespace cute;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -760,9 +795,7 @@ __device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tma
   using Element = typename Traits::Element;
   using HD = typename Traits::HD;
   using KvCols = typename Traits::KvCols;
-  using KV = typename Traits::SmemLayoutKV;
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, 1)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, 1)
+  const BwdSmemTensors<Traits> buffers(smem);
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
   Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());  // (MMA, MMA_M, MMA_N)
@@ -777,10 +810,10 @@ __device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tma
   };
   // V's rows: split by keys, only this consumer's dP^T GEMMs read them, and they are complete;
   // K's rows, and split by the head dim V's too: every consumer's GEMMs read all of them.
-  if constexpr (!Traits::kSplitHeadDim) stage(tdVrdV, sV, 1.f);
+  if constexpr (!Traits::kSplitHeadDim) stage(tdVrdV, buffers.sV, 1.f);
   named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
-  if constexpr (Traits::kSplitHeadDim) stage(tdVrdV, sV, 1.f);
-  stage(tdKrdK, sK, p.softmax_scale);
+  if constexpr (Traits::kSplitHeadDim) stage(tdVrdV, buffers.sV, 1.f);
+  stage(tdKrdK, buffers.sK, p.softmax_scale);
   // A packed sequence's partial last key block stores by thread: a TMA store would write the
   // rows past the sequence, the next sequence's.
   if constexpr (Traits::kStoreKvByTma) {
@@ -799,8 +832,8 @@ __device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tma
                                         group_modes<0, 2>(g));  // (TMA, slabs, shares), (TMA)
           copy(tma, ts, tg(_, key0 / 64, row_share));
         };
-        store(tmas.dv, sV);
-        store(tmas.dk, sK);
+        store(tmas.dv, buffers.sV);
+        store(tmas.dk, buffers.sK);
         tma_store_arrive();
         tma_store_wait<0>();  // the buffers are read before the block exits
       }
@@ -824,8 +857,91 @@ __device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tma
       }
     }
   };
-  store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-  store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  store(buffers.sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  store(buffers.sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+}
+
+// S^T's and dP^T's operands over a consumer's keys (key_share) and query rows (row_share), as
+// descriptors: K's and V's, (MMA, MMA_M, MMA_K); Q's and dO's, (MMA, MMA_N, MMA_K, PIPE).
+template <class Traits, class ThrMma, class Smem>
+__device__ __forceinline__ auto sdp_operands(ThrMma const& thr, Smem const& s, int key_share,
+                                             int row_share) {
+  using namespace cute;
+  using HD = typename Traits::HD;
+  auto own_keys = [&](auto const& t) {  // (64, HD)
+    return local_tile(t(_, _, 0), Shape<_64, HD>{}, make_coord(key_share, _0{}));
+  };
+  auto own_rows = [&](auto const& t) {  // (ROWS, HD, stages)
+    return local_tile(t, make_shape(typename Traits::Rows{}, HD{}, size<2>(t)),
+                      make_coord(row_share, _0{}, _0{}));
+  };
+  return make_tuple(thr.partition_fragment_A(own_keys(s.sK)),
+                    thr.partition_fragment_A(own_keys(s.sV)),
+                    thr.partition_fragment_B(own_rows(s.sQ)),
+                    thr.partition_fragment_B(own_rows(s.sdO)));
+}
+
+// dV's and dK's operands: P^T's and dS^T's (tSrP, tSrdS: (MMA, MMA_M, MMA_N) in 16 bits) as A
+// operands from registers, (MMA, MMA_M, MMA_K), or split by the head dim from the P and dS
+// buffers (descriptors, (MMA, MMA_M, MMA_K, DS_BUFS)); dO^T's and Q^T's over the consumer's
+// head-dim columns (row_share), descriptors (MMA, MMA_N, MMA_K, PIPE).
+template <class Traits, class ThrMma, class Smem, class Frag>
+__device__ __forceinline__ auto dkv_operands(ThrMma const& thr, Smem const& s, Frag& tSrP,
+                                             Frag& tSrdS, int row_share) {
+  using namespace cute;
+  auto own_cols = [&](auto const& t) {  // (KV_COLS, BLK_M, stages)
+    return local_tile(t, make_shape(typename Traits::KvCols{}, typename Traits::BM{}, size<2>(t)),
+                      make_coord(row_share, _0{}, _0{}));
+  };
+  if constexpr (Traits::kSplitHeadDim) {
+    return make_tuple(thr.partition_fragment_A(s.sdSt), thr.partition_fragment_A(s.sdSt),
+                      thr.partition_fragment_B(own_cols(s.sdOt)),
+                      thr.partition_fragment_B(own_cols(s.sQt)));
+  } else {
+    return make_tuple(make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout())),
+                      make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout())),
+                      thr.partition_fragment_B(own_cols(s.sdOt)),
+                      thr.partition_fragment_B(own_cols(s.sQt)));
+  }
+}
+
+// A consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
+// stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
+// row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
+// address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
+// offset within the buffers, whose base is aligned to its period, not to the pointer: a thread's
+// stores of a step are then one shared address plus immediates, where the pointer's swizzle
+// rebuilt each address every step in 64-bit arithmetic. Returns the thread's slice of the
+// buffers, (STSM, STSM_M, STSM_N, DS_BUFS).
+template <class Traits, class ThrCopy, class Smem>
+__device__ __forceinline__ auto ds_store_destination(ThrCopy const& thr, Smem const& s,
+                                                     int key_share, int row_share) {
+  using namespace cute;
+  return thr.partition_D(local_tile(
+      as_position_independent_swizzle_tensor(s.sdSt),
+      Shape<_64, typename Traits::Rows, typename Traits::DsBuffers>{},
+      make_coord(key_share, row_share, _0{})));
+}
+
+// The operands of a dQ share of `cols` columns from first_col (a multiple of it): dS (its rows,
+// those of sdSShare, (DQ_ROWS, BLK_N, DS_BUFS)) times K (its columns), or its transpose, K^T's
+// rows (the share's columns) times dS^T. Returns (K's, dS's, the accumulator): descriptors
+// (MMA, MMA_M or MMA_N, MMA_K, 1) and (..., DS_BUFS), and fp32 (MMA, MMA_M, MMA_N).
+template <class Traits, class Mma, class Cols, class Smem, class SShare>
+__device__ __forceinline__ auto dq_operands(Mma const& mma, Cols, int first_col, int thread,
+                                            Smem const& s, SShare const& sdSShare) {
+  using namespace cute;
+  using DqRows = Int<Traits::kDqRows>;
+  auto thr = mma.get_thread_slice(thread);
+  Tensor sKtShare = local_tile(s.sKt, Shape<Cols, typename Traits::BN, _1>{},
+                               make_coord(first_col / Cols::value, _0{}, _0{}));  // (COLS, BLK_N)
+  if constexpr (Traits::kDqTransposed) {
+    return make_tuple(thr.partition_fragment_A(sKtShare), thr.partition_fragment_B(sdSShare),
+                      partition_fragment_C(mma, Shape<Cols, DqRows>{}));
+  } else {
+    return make_tuple(thr.partition_fragment_B(sKtShare), thr.partition_fragment_A(sdSShare),
+                      partition_fragment_C(mma, Shape<DqRows, Cols>{}));
+  }
 }
 
 // A consumer warpgroup: keys [64 c, 64 c + 64) of the block, or (split by the head dim) all 64
@@ -843,57 +959,25 @@ __device__ __forceinline__ void bwd_consumer(
     typename Traits::PipelineDo& pipeline_do) {
   using namespace cute;
   using Element = typename Traits::Element;
-  using HD = typename Traits::HD;
-  using BM = typename Traits::BM;
-  using BN = typename Traits::BN;
   using Rows = typename Traits::Rows;
   using KvCols = typename Traits::KvCols;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
   constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
+  constexpr bool kDqUneven = Traits::kDqUneven;
+  constexpr int kDqBuffers = Traits::kDqBuffers;
   const int thread = threadIdx.x % 128;
   const int key_share = kSplitHeadDim ? 0 : consumer;  // which 64 keys, rows or columns it owns
   const int row_share = kSplitHeadDim ? consumer : 0;
-
-  using KV = typename Traits::SmemLayoutKV;
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, 1)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, 1)
-  // The buffers, and their transposes (suffix t: the same bytes as MN-major operands).
-  using LayoutKt = typename Traits::SmemLayoutKt;
-  using LayoutQ = typename Traits::SmemLayoutQ;
-  using LayoutQt = typename Traits::SmemLayoutQt;
-  using LayoutDo = typename Traits::SmemLayoutDo;
-  using LayoutDot = typename Traits::SmemLayoutDot;
-  using LayoutDs = typename Traits::SmemLayoutDs;
-  using LayoutDst = typename Traits::SmemLayoutDst;
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), LayoutKt{});       // (HD, BLK_N, 1)
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), LayoutQ{});         // (BLK_M, HD, PIPE)
-  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), LayoutQt{});       // (HD, BLK_M, PIPE)
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), LayoutDo{});    // (BLK_M, HD, PIPE_DO)
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), LayoutDot{});  // (HD, BLK_M, PIPE_DO)
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), LayoutDs{});    // (BLK_M, BLK_N, DS_BUFS)
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), LayoutDst{});  // (BLK_N, BLK_M, DS_BUFS)
+  const BwdSmemTensors<Traits> buffers(smem);
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmaDkv mma_dkv;
   typename Traits::TiledMmaDq mma_dq;
   typename Traits::TiledMmaDqSecond mma_dq_second;
   auto thr_sdp = mma_sdp.get_thread_slice(thread);
-  auto thr_dkv = mma_dkv.get_thread_slice(thread);
-
-  // S^T = K Q^T and dP^T = V dO^T over this consumer's keys and query rows (descriptors).
-  auto own_keys = [&](auto const& s) {  // (64, HD)
-    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(key_share, _0{}));
-  };
-  auto own_rows = [&](auto const& s) {  // (ROWS, HD, stages)
-    return local_tile(s, make_shape(Rows{}, HD{}, size<2>(s)),
-                      make_coord(row_share, _0{}, _0{}));
-  };
-  Tensor tSrK = thr_sdp.partition_fragment_A(own_keys(sK));     // (MMA, MMA_M, MMA_K)
-  Tensor tSrV = thr_sdp.partition_fragment_A(own_keys(sV));     // (MMA, MMA_M, MMA_K)
-  Tensor tSrQ = thr_sdp.partition_fragment_B(own_rows(sQ));     // (MMA, MMA_N, MMA_K, PIPE)
-  Tensor tSrdO = thr_sdp.partition_fragment_B(own_rows(sdO));   // (MMA, MMA_N, MMA_K, PIPE_DO)
+  // (MMA, MMA_M, MMA_K) x 2, (MMA, MMA_N, MMA_K, PIPE) x 2: descriptors
+  auto [tSrK, tSrV, tSrQ, tSrdO] = sdp_operands<Traits>(thr_sdp, buffers, key_share, row_share);
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});   // (MMA, MMA_M, MMA_N)
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});  // (MMA, MMA_M, MMA_N)
   // (MMA, MMA_M, MMA_N) -> (key, query row) in the step's tile
@@ -904,84 +988,41 @@ __device__ __forceinline__ void bwd_consumer(
   // beside its accumulator) nor beside dropout's random bits: they spill.
   constexpr bool kStatsInRegisters =
       Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
-  // P^T and dS^T in 16 bits, (MMA, MMA_M, MMA_N): the A operands of dV += P^T dO and dK += dS^T
-  // Q, from registers, (MMA, MMA_M, MMA_K), or split by the head dim from the P and dS buffers
-  // (descriptors, (MMA, MMA_M, MMA_K, DS_BUFS)).
   Tensor tSrP = make_tensor<Element>(tSrS.layout());   // (MMA, MMA_M, MMA_N)
   Tensor tSrdS = make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
-  auto dkv_a_operands = [&] {  // (P^T's, dS^T's)
-    if constexpr (kSplitHeadDim) {
-      return cute::make_tuple(thr_dkv.partition_fragment_A(sdSt),
-                              thr_dkv.partition_fragment_A(sdSt));
-    } else {
-      return cute::make_tuple(make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout())),
-                              make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout())));
-    }
-  };
-  auto dkv_a = dkv_a_operands();
-  auto& tdVrP = get<0>(dkv_a);
-  auto& tdKrdS = get<1>(dkv_a);
-  auto own_cols = [&](auto const& s) {  // (KV_COLS, BLK_M, stages)
-    return local_tile(s, make_shape(KvCols{}, BM{}, size<2>(s)),
-                      make_coord(row_share, _0{}, _0{}));
-  };
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(own_cols(sdOt));  // (MMA, MMA_N, MMA_K, PIPE_DO)
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(own_cols(sQt));    // (MMA, MMA_N, MMA_K, PIPE)
+  // (MMA, MMA_M, MMA_K) x 2, from registers or descriptors (..., DS_BUFS); (MMA, MMA_N, MMA_K,
+  // PIPE) x 2, descriptors
+  auto [tdVrP, tdKrdS, tdVrdO, tdKrQ] =
+      dkv_operands<Traits>(mma_dkv.get_thread_slice(thread), buffers, tSrP, tSrdS, row_share);
   Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});  // (MMA, MMA_M, MMA_N)
   Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});  // (MMA, MMA_M, MMA_N)
-  // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
-  // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
-  // row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
-  // address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
-  // offset within the buffers, whose base is aligned to its period, not to the pointer: a
-  // thread's stores of a step are then one shared address plus immediates, where the pointer's
-  // swizzle rebuilt each address every step in 64-bit arithmetic.
   auto store_ds =
       make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
   auto thr_store_ds = store_ds.get_thread_slice(thread);
-  Tensor tdSsdS = thr_store_ds.partition_D(
-      local_tile(as_position_independent_swizzle_tensor(sdSt),
-                 Shape<_64, Rows, typename Traits::DsBuffers>{},
-                 make_coord(key_share, row_share, _0{})));  // (STSM, STSM_M, STSM_N, DS_BUFS)
+  // (STSM, STSM_M, STSM_N, DS_BUFS)
+  Tensor tdSsdS = ds_store_destination<Traits>(thr_store_ds, buffers, key_share, row_share);
   Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);  // (STSM, STSM_M, STSM_N)
   Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);    // (STSM, STSM_M, STSM_N)
-  // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
-  // columns) times dS^T.
-  using DqRows = Int<Traits::kDqRows>;
-  // (DQ_ROWS, BLK_N, DS_BUFS)
-  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
+  // (DQ_ROWS, BLK_N, DS_BUFS): the dS rows of this consumer's dQ share
+  Tensor sdSShare = local_tile(buffers.sdS, Shape<Int<Traits::kDqRows>, typename Traits::BN,
+                                            typename Traits::DsBuffers>{},
                                make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
-  // (K's, dS's, the accumulator) of a share of `cols` columns from first_col (a multiple of it):
-  // descriptors (MMA, MMA_M or MMA_N, MMA_K, 1) and (..., DS_BUFS); fp32 (MMA, MMA_M, MMA_N).
-  auto dq_operands = [&](auto const& mma, auto cols, int first_col) {
-    using Cols = decltype(cols);
-    auto thr = mma.get_thread_slice(thread);
-    Tensor sKtShare = local_tile(sKt, Shape<Cols, BN, _1>{},
-                                 make_coord(first_col / Cols::value, _0{}, _0{}));  // (COLS, BLK_N)
-    if constexpr (Traits::kDqTransposed) {
-      return cute::make_tuple(thr.partition_fragment_A(sKtShare),
-                              thr.partition_fragment_B(sdSShare),
-                              partition_fragment_C(mma, Shape<Cols, DqRows>{}));
-    } else {
-      return cute::make_tuple(thr.partition_fragment_B(sKtShare),
-                              thr.partition_fragment_A(sdSShare),
-                              partition_fragment_C(mma, Shape<DqRows, Cols>{}));
-    }
-  };
   // The first consumer's share (every consumer's, where the shares are alike) and, where they
   // differ (kDqUneven), the second's, which only the second consumer computes.
-  constexpr bool kDqUneven = Traits::kDqUneven;
-  auto dq = dq_operands(mma_dq, Int<Traits::kDqCols>{},
-                        kDqUneven ? 0 : Traits::dq_first_col(consumer));
-  auto dq2 = dq_operands(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
-                         kDqUneven ? Traits::dq_first_col(1) : 0);
+  // (K's, dS's, fp32 accumulator (MMA, MMA_M, MMA_N)), as dq_operands says
+  auto dq = dq_operands<Traits>(mma_dq, Int<Traits::kDqCols>{},
+                                kDqUneven ? 0 : Traits::dq_first_col(consumer), thread, buffers,
+                                sdSShare);
+  // (K's, dS's, fp32 accumulator (MMA, MMA_M, MMA_N)), likewise
+  auto dq2 = dq_operands<Traits>(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
+                                 kDqUneven ? Traits::dq_first_col(1) : 0, thread, buffers,
+                                 sdSShare);
   auto& tdQrdQ = get<2>(dq);
   auto& tdQrdQ2 = get<2>(dq2);
   static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
   // This consumer's staging buffers, used in turn (none where the memory plan leaves none): with
   // two, the dQ warp reads one while the next step writes the other.
   float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
-  constexpr int kDqBuffers = Traits::kDqBuffers;
 
   clear(tdVrdV);
   clear(tdKrdK);
@@ -994,7 +1035,7 @@ __device__ __forceinline__ void bwd_consumer(
   typename Traits::PipelineQ::PipelineState q_state;
   typename Traits::PipelineDo::PipelineState do_state;
   PendingTurn dq_turn_pending;  // a deterministic run's last dQ turn, from registers
-  const int key0 = work.n_block * kBlockN + key_share * 64;
+  const int key0 = work.n_block * Traits::kBlockN + key_share * 64;
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
        at = walk.next(work.mask, at), ++step) {
@@ -1095,10 +1136,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (producer_thread) {
     TxBarrier::init(&smem.k_full, 1);
     TxBarrier::init(&smem.v_full, 1);
-    cute::prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.dout.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
+    prefetch_tma_descriptors(tmas.q, tmas.dout, tmas.k, tmas.v);
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();

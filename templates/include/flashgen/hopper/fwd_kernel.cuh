@@ -7,6 +7,12 @@
 // mask cuts come first and the rest run unmasked. The same kernel reads a variable-length batch
 // (packed rows, cu_seqlens_q) and a KV cache, contiguous or paged (chunked prefill): TmaRows says
 // where a tile's rows are.
+//
+// By role, each a __forceinline__ function or a small struct (every wgmma-issuing call must
+// inline: ptxas serialises wgmma across a call, C7510): FwdScheduler (the tiles, what each
+// computes: FwdWork) and TileHandoff; fwd_producer (TMA loads); fwd_mainloop (the GEMMs) with
+// FwdSoftmax (score modifier, mask, online softmax, dropout); fwd_epilogue (lse, O's store);
+// fwd_consumer sets up a consumer's fragments and runs the three per tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -676,10 +682,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     TxBarrier::init(&smem.q_full, 1);
     Barrier::init(&smem.q_free,
                   Traits::kOwnOutputBuffer ? Traits::kConsumerThreads : Traits::kConsumers);
-    cute::prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
-    cute::prefetch_tma_descriptor(tmas.o.get_tma_descriptor());
+    prefetch_tma_descriptors(tmas.q, tmas.k, tmas.v, tmas.o);
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
