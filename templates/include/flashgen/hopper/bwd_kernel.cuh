@@ -543,7 +543,7 @@ __device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tma
 template <bool kInRegisters, class Coords>
 struct RowStats {
   static constexpr int kQueryCols = decltype(cute::size<1>(std::declval<Coords const&>()))::value;
-  Coords const& coords;
+  Coords const coords;
   float const* lse_stage;  // (BLK_M) of the Q stage, from this consumer's first row
   float const* d_stage;    // (BLK_M) of the dO stage, likewise
   float lse_regs[kQueryCols];
