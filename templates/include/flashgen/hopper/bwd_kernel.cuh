@@ -16,7 +16,16 @@
 // registers (to a zeroed workspace; a deterministic run where no staging buffer fits, in turn).
 // After the walk, dK and dV leave through K's and V's buffers. bwd_aux.cuh prepares lse and D
 // before and converts dQ after.
+//
+// By role, each a __forceinline__ function or a small struct (every wgmma-issuing call must
+// inline: ptxas serialises wgmma across a call, C7510): KeyBlockWork, grid_piece and StepShare
+// schedule (which key block, piece and steps a block runs); bwd_producer (TMA loads);
+// add_dq_shares (the dQ warp); bwd_consumer's mainloop per step: issue_s_and_dp, bwd_softmax
+// (with RowStats), issue_dkv_and_dq, then the dQ share out (add_dq_from_registers or
+// stage_dq_share); sum_pieces and bwd_epilogue (dK and dV out) after the walk.
 #pragma once
+
+#include <utility>
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -211,6 +220,13 @@ __device__ __forceinline__ bool first_to_reach(int* state) {
 // whole key block's walk, or a piece's share of a split block's, grid_piece).
 struct StepShare {
   int first, count;
+
+  // Piece `piece.piece` of `piece.pieces` of a walk of `steps` steps (only grids whose walks
+  // count their steps exactly, those without a mask, are split).
+  __device__ __forceinline__ static StepShare of(GridPiece piece, int steps) {
+    const int first = piece.piece * steps / piece.pieces;
+    return {first, (piece.piece + 1) * steps / piece.pieces - first};
+  }
 };
 
 // A piece of split key block `split_block`, after its steps: adds this consumer's dK and dV to
@@ -384,524 +400,407 @@ __device__ __forceinline__ Ring make_ring(typename Ring::SharedStorage& storage,
   return Ring(storage, params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
 }
 
-template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+// The shared-memory buffers as tensors, and their transposes (suffix t: the same bytes as
+// MN-major operands).
+template <class Traits>
+struct BwdSmemTensors {
+  template <class Layout>
+  using View = decltype(cute::make_tensor(
+      cute::make_smem_ptr(std::declval<typename Traits::Element*>()), Layout{}));
+  View<typename Traits::SmemLayoutKV> sK;    // (BLK_N, HD, 1)
+  View<typename Traits::SmemLayoutKV> sV;    // (BLK_N, HD, 1)
+  View<typename Traits::SmemLayoutKt> sKt;   // (HD, BLK_N, 1)
+  View<typename Traits::SmemLayoutQ> sQ;     // (BLK_M, HD, PIPE)
+  View<typename Traits::SmemLayoutQt> sQt;   // (HD, BLK_M, PIPE)
+  View<typename Traits::SmemLayoutDo> sdO;   // (BLK_M, HD, PIPE_DO)
+  View<typename Traits::SmemLayoutDot> sdOt; // (HD, BLK_M, PIPE_DO)
+  View<typename Traits::SmemLayoutDs> sdS;   // (BLK_M, BLK_N, DS_BUFS); P's at 2 and 3
+  View<typename Traits::SmemLayoutDst> sdSt; // (BLK_N, BLK_M, DS_BUFS)
+
+  __device__ __forceinline__ explicit BwdSmemTensors(typename Traits::SharedStorage& smem)
+      : sK(view<typename Traits::SmemLayoutKV>(smem.k.data())),
+        sV(view<typename Traits::SmemLayoutKV>(smem.v.data())),
+        sKt(view<typename Traits::SmemLayoutKt>(smem.k.data())),
+        sQ(view<typename Traits::SmemLayoutQ>(smem.q.data())),
+        sQt(view<typename Traits::SmemLayoutQt>(smem.q.data())),
+        sdO(view<typename Traits::SmemLayoutDo>(smem.dout.data())),
+        sdOt(view<typename Traits::SmemLayoutDot>(smem.dout.data())),
+        sdS(view<typename Traits::SmemLayoutDs>(smem.ds.data())),
+        sdSt(view<typename Traits::SmemLayoutDst>(smem.ds.data())) {}
+
+  template <class Layout>
+  __device__ __forceinline__ static View<Layout> view(typename Traits::Element* data) {
+    return cute::make_tensor(cute::make_smem_ptr(data), Layout{});
+  }
+};
+
+// K or V of the thread block's key block, (BLK_N, HD), into its buffer s on a barrier of its own.
+template <class Traits, class Work, class Tma, class STensor>
+__device__ __forceinline__ void load_keys(BwdParams const& p, Work const& work, Tma const& tma,
+                                          STensor& s, uint64_t& barrier) {
   using namespace cute;
-  using Element = typename Traits::Element;
-  using Pipeline = typename Traits::PipelineQ;
-  using PipelineDo = typename Traits::PipelineDo;
-  using HD = typename Traits::HD;
-  using BM = typename Traits::BM;
-  using BN = typename Traits::BN;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
+  TxBarrier::arrive_and_expect_tx(&barrier, Traits::kKVBytes);
+  Tensor m = tma.get_tma_tensor(make_shape(kv_view_rows(p), typename Traits::HD{}, p.heads_kv,
+                                           view_slots(p)));  // (rows, HD, heads_kv, slots)
+  Tensor g = local_tile(
+      domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
+      Shape<typename Traits::BN, typename Traits::HD>{}, make_coord(_, _0{}));  // (BLK_N, HD, n)
+  auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                group_modes<0, 2>(g));  // (TMA, n), (TMA, 1)
+  copy(tma.with(barrier), tg(_, work.n_block), ts(_, 0));
+}
 
-  extern __shared__ char smem_bytes[];
-  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+// Query block m_block of `head` from the tma's tensor m, (rows, HD, heads, slots), into the
+// ring s, (BLK_M, HD, PIPE), at its next stage, with its rows of the per-row statistic `stats`
+// (row-padded, so whole and 16-byte aligned) into stats_stages, (BLK_M, PIPE).
+template <class Traits, class Work, class Tma, class GTensor, class STensor, class Pipeline>
+__device__ __forceinline__ void load_rows(BwdParams const& p, Work const& work, Tma const& tma,
+                                          GTensor const& m, STensor& s, Pipeline& pipeline,
+                                          typename Pipeline::PipelineState& state,
+                                          float const* stats, float* stats_stages, int head,
+                                          int m_block) {
+  using namespace cute;
+  pipeline.producer_acquire(state);
+  auto& barrier = *pipeline.producer_get_barrier(state);
+  Tensor g = local_tile(domain_offset(make_coord(work.q_row0(), _0{}), m(_, _, head, work.slot())),
+                        Shape<typename Traits::BM, typename Traits::HD>{},
+                        make_coord(_, _0{}));  // (BLK_M, HD, m_blocks)
+  auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
+                                group_modes<0, 2>(g));  // (TMA, m_blocks), (TMA, PIPE)
+  copy(tma.with(barrier), tg(_, m_block), ts(_, state.index()));
+  SM90_BULK_COPY_G2S::copy(stats + work.stats_row(p, head, m_block), &barrier,
+                           stats_stages + state.index() * Traits::kBlockM, Traits::kBlockM * 4);
+  ++state;
+}
 
-  const bool deterministic = p.dq_semaphore != nullptr;
-  // Whether the consumers add dQ from registers (BwdTraits::kDqFromRegisters; a deterministic run
-  // only where no staging buffer fits), else stage it for the dQ warp.
-  const bool dq_from_registers =
-      Traits::kDqFromRegisters && (!deterministic || Traits::kDqBuffers == 0);
-  const int blocks = (p.seqlen_k + kBlockN - 1) / kBlockN * p.batch * p.heads_kv;
-  const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
-  const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
-  if (!work.has_keys()) return;  // past a shorter sequence's keys: no rows to write
-  const auto walk = work.walk(p, deterministic);
-  // A piece runs its share of the steps (only grids whose walks count their steps exactly, those
-  // without a mask, are split).
-  const int steps = walk.steps_at_most();
-  const int first_step = piece.piece * steps / piece.pieces;
-  const StepShare share{first_step, (piece.piece + 1) * steps / piece.pieces - first_step};
-
-  const int warpgroup = cutlass::canonical_warp_group_idx();
+// The producer (warpgroup 0's first warp; the walk's tests take a warp, its first thread loads):
+// K and V once, on barriers of their own, the one the first GEMM needs first with the first
+// step's first tile and the other after that tile where the traits say so; then per step the
+// query block's Q with its rows' lse and dO with their D, through the two rings.
+template <class Traits, class Work, class Walk, class Tmas>
+__device__ __forceinline__ void bwd_producer(BwdParams const& p, Tmas const& tmas,
+                                             typename Traits::SharedStorage& smem,
+                                             Work const& work, Walk const& walk,
+                                             StepShare share,
+                                             typename Traits::PipelineQ& pipeline_q,
+                                             typename Traits::PipelineDo& pipeline_do) {
+  using namespace cute;
+  using HD = typename Traits::HD;
   const bool producer_thread = threadIdx.x == 0;
-
-  Pipeline pipeline_q = make_ring<Pipeline, Traits>(smem.pipeline_q, warpgroup == 0,
-                                                    producer_thread);
-  PipelineDo pipeline_do = make_ring<PipelineDo, Traits>(smem.pipeline_do, warpgroup == 0,
-                                                         producer_thread);
+  const BwdSmemTensors<Traits> buffers(smem);
+  auto load_second_keys = [&] {
+    if constexpr (Traits::kDoFirst) {
+      load_keys<Traits>(p, work, tmas.k, buffers.sK, smem.k_full);
+    } else {
+      load_keys<Traits>(p, work, tmas.v, buffers.sV, smem.v_full);
+    }
+  };
   if (producer_thread) {
-    TxBarrier::init(&smem.k_full, 1);
-    TxBarrier::init(&smem.v_full, 1);
-    prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.dout.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
-  }
-  cutlass::arch::fence_barrier_init();
-  __syncthreads();
-
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
-  Tensor sKt = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKt{});
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDo{});
-  Tensor sQt = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(smem.dout.data()), typename Traits::SmemLayoutDot{});
-  Tensor sdS = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDs{});
-  Tensor sdSt = make_tensor(make_smem_ptr(smem.ds.data()), typename Traits::SmemLayoutDst{});
-
-  if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    // Warp 0 walks (the walk's tests take a warp) and its first thread loads; warp 1 walks and
-    // its first thread adds the consumers' dQ shares.
-    const int warp = threadIdx.x / 32;
-    if (warp > 1 || !walk.has_steps()) return;
-    if (warp == 1) {
-      if constexpr (Traits::kDqBuffers > 0) {
-        if (!dq_from_registers) {
-          add_dq_shares<Traits>(p, work, walk, share, smem.dq, deterministic);
-        }
-      }
-      return;
-    }
-
-    // K and V on barriers of their own; the one the first GEMM needs first (with the first
-    // step's first tile), the other after that tile where the traits say so.
-    auto load_keys = [&](auto const& tma, auto& s, uint64_t& barrier) {
-      TxBarrier::arrive_and_expect_tx(&barrier, Traits::kKVBytes);
-      Tensor m =
-          tma.get_tma_tensor(make_shape(kv_view_rows(p), HD{}, p.heads_kv, view_slots(p)));
-      Tensor g = local_tile(
-          domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
-          Shape<BN, HD>{}, make_coord(_, _0{}));
-      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
-                                    group_modes<0, 2>(g));
-      copy(tma.with(barrier), tg(_, work.n_block), ts(_, 0));
-    };
-    auto load_k = [&] { load_keys(tmas.k, sK, smem.k_full); };
-    auto load_v = [&] { load_keys(tmas.v, sV, smem.v_full); };
-    auto load_second_keys = [&] {
-      if constexpr (Traits::kDoFirst) {
-        load_k();
-      } else {
-        load_v();
-      }
-    };
-    if (producer_thread) {
-      if constexpr (Traits::kDoFirst) {
-        load_v();
-      } else {
-        load_k();
-      }
-      if constexpr (!Traits::kSecondKeysLate) load_second_keys();
-    }
-
-    Tensor mQ = tmas.q.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
-    Tensor mdO =
-        tmas.dout.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
-    auto q_state = cutlass::make_producer_start_state<Pipeline>();
-    auto do_state = cutlass::make_producer_start_state<PipelineDo>();
-    // Query block m_block of `head` from the tma's tensor m into the ring's next stage, with its
-    // rows of the per-row statistic `stats` (row-padded, so whole and 16-byte aligned).
-    auto load_rows = [&](auto const& tma, auto const& m, auto& s, auto& pipeline,
-                         auto& state, float const* stats, float* stats_stages, int head,
-                         int m_block) {
-      pipeline.producer_acquire(state);
-      auto& barrier = *pipeline.producer_get_barrier(state);
-      Tensor g = local_tile(
-          domain_offset(make_coord(work.q_row0(), _0{}), m(_, _, head, work.slot())),
-          Shape<BM, HD>{}, make_coord(_, _0{}));
-      auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
-                                    group_modes<0, 2>(g));
-      copy(tma.with(barrier), tg(_, m_block), ts(_, state.index()));
-      SM90_BULK_COPY_G2S::copy(stats + work.stats_row(p, head, m_block), &barrier,
-                               stats_stages + state.index() * kBlockM, kBlockM * 4);
-      ++state;
-    };
-    int step = 0;
-    for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
-         at = walk.next(work.mask, at), ++step) {
-      if (producer_thread) {
-        auto load_q = [&] {
-          load_rows(tmas.q, mQ, sQ, pipeline_q, q_state, p.softmax_lse_log2, smem.lse_log2,
-                    at.head, at.m_block);
-        };
-        auto load_do = [&] {
-          load_rows(tmas.dout, mdO, sdO, pipeline_do, do_state, p.softmax_d, smem.d, at.head,
-                    at.m_block);
-        };
-        if constexpr (Traits::kDoFirst) {
-          load_do();
-          if (Traits::kSecondKeysLate && step == 0) load_second_keys();
-          load_q();
-        } else {
-          load_q();
-          if (Traits::kSecondKeysLate && step == 0) load_second_keys();
-          load_do();
-        }
-      }
-    }
-    return;
-  }
-
-  // A consumer warpgroup: keys [64 c, 64 c + 64) of the block, or (split by the head dim) all 64
-  // keys, query rows [kRows c, kRows c + kRows) and head-dim columns [kKvCols c, kKvCols c +
-  // kKvCols).
-  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-  constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
-  using Rows = typename Traits::Rows;
-  using KvCols = typename Traits::KvCols;
-  const int consumer = warpgroup - 1;
-  const int thread = threadIdx.x % 128;
-  const int key_share = kSplitHeadDim ? 0 : consumer;  // which 64 keys, rows or columns it owns
-  const int row_share = kSplitHeadDim ? consumer : 0;
-
-  typename Traits::TiledMmaSdP mma_sdp;
-  typename Traits::TiledMmaDkv mma_dkv;
-  typename Traits::TiledMmaDq mma_dq;
-  typename Traits::TiledMmaDqSecond mma_dq_second;
-  auto thr_sdp = mma_sdp.get_thread_slice(thread);
-  auto thr_dkv = mma_dkv.get_thread_slice(thread);
-
-  // S^T = K Q^T and dP^T = V dO^T over this consumer's keys and query rows (descriptors).
-  auto own_keys = [&](auto const& s) {
-    return local_tile(s(_, _, 0), Shape<_64, HD>{}, make_coord(key_share, _0{}));
-  };
-  auto own_rows = [&](auto const& s) {  // of every stage
-    return local_tile(s, make_shape(Rows{}, HD{}, size<2>(s)),
-                      make_coord(row_share, _0{}, _0{}));
-  };
-  Tensor tSrK = thr_sdp.partition_fragment_A(own_keys(sK));
-  Tensor tSrV = thr_sdp.partition_fragment_A(own_keys(sV));
-  Tensor tSrQ = thr_sdp.partition_fragment_B(own_rows(sQ));
-  Tensor tSrdO = thr_sdp.partition_fragment_B(own_rows(sdO));
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});
-  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Rows>{}));  // (key, row)
-  // tScS as (key, query row) rows and columns: each of the kQueryCols columns is one query row
-  // of the block.
-  Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
-  constexpr int kQueryCols = decltype(size<1>(coords))::value;
-  auto query_col_row = [&](int c) { return get<1>(coords(0, c)); };
-  // Not beside a modifier whose derivative is not 1 (P^T is computed after dP^T's GEMM then,
-  // beside its accumulator) nor beside dropout's random bits: they spill.
-  constexpr bool kStatsInRegisters =
-      Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
-  // P^T and dS^T in 16 bits: the A operands of dV += P^T dO and dK += dS^T Q, from registers,
-  // or split by the head dim from the P and dS buffers (descriptors, one per buffer).
-  Tensor tSrP = make_tensor<Element>(tSrS.layout());
-  Tensor tSrdS = make_tensor<Element>(tSrS.layout());
-  auto dkv_a_operands = [&] {  // (P^T's, dS^T's)
-    if constexpr (kSplitHeadDim) {
-      return cute::make_tuple(thr_dkv.partition_fragment_A(sdSt),
-                              thr_dkv.partition_fragment_A(sdSt));
+    if constexpr (Traits::kDoFirst) {
+      load_keys<Traits>(p, work, tmas.v, buffers.sV, smem.v_full);
     } else {
-      return cute::make_tuple(make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout())),
-                              make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout())));
+      load_keys<Traits>(p, work, tmas.k, buffers.sK, smem.k_full);
     }
-  };
-  auto dkv_a = dkv_a_operands();
-  auto& tdVrP = get<0>(dkv_a);  // (lambdas capture no structured bindings before C++20)
-  auto& tdKrdS = get<1>(dkv_a);
-  auto own_cols = [&](auto const& s) {  // of every stage
-    return local_tile(s, make_shape(KvCols{}, BM{}, size<2>(s)),
-                      make_coord(row_share, _0{}, _0{}));
-  };
-  Tensor tdVrdO = thr_dkv.partition_fragment_B(own_cols(sdOt));
-  Tensor tdKrQ = thr_dkv.partition_fragment_B(own_cols(sQt));
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});
-  // This consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
-  // stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
-  // row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
-  // address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
-  // offset within the buffers, whose base is aligned to its period, not to the pointer: a
-  // thread's stores of a step are then one shared address plus immediates, where the pointer's
-  // swizzle rebuilt each address every step in 64-bit arithmetic.
-  auto store_ds =
-      make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
-  auto thr_store_ds = store_ds.get_thread_slice(thread);
-  Tensor tdSsdS = thr_store_ds.partition_D(
-      local_tile(as_position_independent_swizzle_tensor(sdSt),
-                 Shape<_64, Rows, typename Traits::DsBuffers>{},
-                 make_coord(key_share, row_share, _0{})));
-  Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);
-  Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);
-  // dQ's share: dS (its rows) times K (its columns), or its transpose, K^T's rows (the share's
-  // columns) times dS^T.
-  using DqRows = Int<Traits::kDqRows>;
-  Tensor sdSShare = local_tile(sdS, Shape<DqRows, BN, typename Traits::DsBuffers>{},
-                               make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
-  // (K's, dS's, the accumulator) of a share of `cols` columns from first_col (a multiple of it).
-  auto dq_operands = [&](auto const& mma, auto cols, int first_col) {
-    using Cols = decltype(cols);
-    auto thr = mma.get_thread_slice(thread);
-    Tensor sKtShare =
-        local_tile(sKt, Shape<Cols, BN, _1>{}, make_coord(first_col / Cols::value, _0{}, _0{}));
-    if constexpr (Traits::kDqTransposed) {
-      return cute::make_tuple(thr.partition_fragment_A(sKtShare),
-                              thr.partition_fragment_B(sdSShare),
-                              partition_fragment_C(mma, Shape<Cols, DqRows>{}));
-    } else {
-      return cute::make_tuple(thr.partition_fragment_B(sKtShare),
-                              thr.partition_fragment_A(sdSShare),
-                              partition_fragment_C(mma, Shape<DqRows, Cols>{}));
-    }
-  };
-  // The first consumer's share (every consumer's, where the shares are alike) and, where they
-  // differ (kDqUneven), the second's, which only the second consumer computes.
-  constexpr bool kDqUneven = Traits::kDqUneven;
-  auto [tdQrK, tdQrdS, tdQrdQ] = dq_operands(mma_dq, Int<Traits::kDqCols>{},
-                                             kDqUneven ? 0 : Traits::dq_first_col(consumer));
-  auto [tdQrK2, tdQrdS2, tdQrdQ2] =
-      dq_operands(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
-                  kDqUneven ? Traits::dq_first_col(1) : 0);
-  static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
-  // This consumer's staging buffers, used in turn (none where the memory plan leaves none): with
-  // two, the dQ warp reads one while the next step writes the other.
-  float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
-  constexpr int kDqBuffers = Traits::kDqBuffers;
-
-  clear(tdVrdV);
-  clear(tdKrdK);
-  if (walk.has_steps()) {
-    TxBarrier::wait(Traits::kDoFirst ? &smem.v_full : &smem.k_full, 0);
-    if constexpr (!Traits::kSecondKeysLate) {
-      TxBarrier::wait(Traits::kDoFirst ? &smem.k_full : &smem.v_full, 0);
-    }
+    if constexpr (!Traits::kSecondKeysLate) load_second_keys();
   }
-  typename Pipeline::PipelineState q_state;
-  typename PipelineDo::PipelineState do_state;
-  PendingTurn dq_turn_pending;  // a deterministic run's last dQ turn, from registers
-  const int key0 = work.n_block * kBlockN + key_share * 64;
+
+  // (rows, HD, heads, slots) of the TMA views
+  Tensor mQ = tmas.q.get_tma_tensor(make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));
+  Tensor mdO = tmas.dout.get_tma_tensor(
+      make_shape(q_view_rows(p), HD{}, p.heads, view_slots(p)));  // (rows, HD, heads, slots)
+  auto q_state = cutlass::make_producer_start_state<typename Traits::PipelineQ>();
+  auto do_state = cutlass::make_producer_start_state<typename Traits::PipelineDo>();
   int step = 0;
   for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
        at = walk.next(work.mask, at), ++step) {
-    const int head = at.head;
-    const int m_block = at.m_block;
-    const int ds_buffer = step & 1;  // P's: 2 + ds_buffer
-    const int dq_buffer = step % cute::max(1, kDqBuffers);  // (no staging buffers: 0)
-    const Mask mask = work.mask.for_head(head);
-
-    // This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column
-    // of its S^T accumulator: read into registers ahead of use where the tile leaves room for
-    // them, so that their latency hides under a GEMM, else from shared memory where used.
-    const int share_row = Traits::kRows * row_share;  // this consumer's first query row
-    const float* const lse_stage = smem.lse_log2 + q_state.index() * kBlockM + share_row;
-    const float* const d_stage = smem.d + do_state.index() * kBlockM + share_row;
-    float lse_regs[kQueryCols], d_regs[kQueryCols];
-    auto lse_log2 = [&](int c) {
-      if constexpr (kStatsInRegisters) return lse_regs[c];
-      else return lse_stage[query_col_row(c)];
-    };
-    auto d = [&](int c) {
-      if constexpr (kStatsInRegisters) return d_regs[c];
-      else return d_stage[query_col_row(c)];
-    };
-
-    auto read_lse = [&] {
-      if constexpr (kStatsInRegisters) {
-        CUTE_UNROLL
-        for (int c = 0; c < kQueryCols; ++c) lse_regs[c] = lse_stage[query_col_row(c)];
-      }
-    };
-    if constexpr (Traits::kDoFirst) {
-      pipeline_do.consumer_wait(do_state);
-      warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
-      pipeline_q.consumer_wait(q_state);
-      if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.k_full, 0);
-      warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
-      read_lse();
-    } else {
-      pipeline_q.consumer_wait(q_state);
-      warpgroup_gemm<true>(mma_sdp, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
-      read_lse();
-      pipeline_do.consumer_wait(do_state);
-      if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.v_full, 0);
-      warpgroup_gemm<true>(mma_sdp, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
-    }
-    if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();
-
-    // The score modifier and the mask on S^T (keys are rows here, query rows columns), then
-    // P^T = exp2(S^T * scale_log2 - lse_log2) per query row and dS^T = P^T (dP^T - D), times the
-    // modifier's derivative; masked scores are -inf, and a padded row's lse_log2 +inf, so both
-    // give P = 0. Where the modifier's derivative is 1 (none, ALiBi) and dP^T's GEMM went second,
-    // P is computed while dP^T is still on the tensor cores; otherwise P waits for dP^T, so the
-    // modified scores need no registers of their own (the derivative is a function of them).
-    warpgroup_wait<Traits::kDoFirst ? 0 : 1>();
-    const int row0 = m_block * kBlockM + share_row;
-    const ScoreMod score_mod(p, work.batch, head, work.seq.mask_offset);
-    const Dropout dropout(p, work.batch, head);
-    if constexpr (!ScoreMod::kIdentity) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        tSrS(i) = score_mod.apply(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
-      }
-    }
-    if (mask.template tile_needs_mask<kBlockM, kBlockN>(m_block, work.n_block)) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        const int key = key0 + get<0>(tScS(i));
-        const int row = row0 + get<1>(tScS(i));
-        if (!mask.visible(row, key)) tSrS(i) = -INFINITY;
-      }
-    }
-    Tensor s = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
-    Tensor dp = make_tensor(tSrdP.data(), rows_by_cols(tSrdP.layout()));
-    auto prob = [&](float score, int c) { return exp2f(fmaf(score, p.scale_log2, -lse_log2(c))); };
-    // One score's P^T and dS^T from s (P^T already, or the modified score) and dP^T, at (r, c) of
-    // the (key, query row) view; under dropout (keep mask Z, kept ones scaled by 1 / (1 - p))
-    // P^T's place gets Z P^T for dV and dS^T = P^T (Z dP^T - D).
-    auto p_and_ds = [&](int r, int c, bool keep) {
-      float derivative = 1.f;
-      if constexpr (!ScoreMod::kUnitDerivative) {
-        derivative = score_mod.derivative(s(r, c), row0 + query_col_row(c),
-                                          key0 + get<0>(coords(r, c)));
-        s(r, c) = prob(s(r, c), c);
-      }
-      float dprob = dp(r, c);
-      if constexpr (Dropout::kEnabled) dprob = keep ? dprob * dropout.scale : 0.f;
-      dp(r, c) = s(r, c) * (dprob - d(c)) * derivative;
-      if constexpr (Dropout::kEnabled) s(r, c) = keep ? s(r, c) * dropout.scale : 0.f;
-    };
-    if constexpr (ScoreMod::kUnitDerivative) {
-      CUTE_UNROLL
-      for (int c = 0; c < kQueryCols; ++c) {
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(s); ++r) s(r, c) = prob(s(r, c), c);
-      }
-    }
-    if constexpr (kStatsInRegisters) {
-      CUTE_UNROLL
-      for (int c = 0; c < kQueryCols; ++c) d_regs[c] = d_stage[query_col_row(c)];
-    }
-    warpgroup_wait<0>();
-    if constexpr (Dropout::kEnabled) {
-      for_each_dropout_decision_transposed(dropout, coords, key0, row0, p_and_ds);
-    } else {
-      CUTE_UNROLL
-      for (int c = 0; c < kQueryCols; ++c) {
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(s); ++r) p_and_ds(r, c, true);
-      }
-    }
-    convert_into(tSrP, tSrS);
-    convert_into(tSrdS, tSrdP);
-
-    // dS^T goes to this step's dS buffer first, then dV's GEMM issues (P^T and dS^T from
-    // registers), so that the stores have landed by the proxy fence after it (issued after the
-    // GEMMs, they hold the fence). The dropout kernel with a transposed dQ share (kBlockM = 80)
-    // issues dV's GEMM first and lets it retire before dQ^T's issues (below): with the stores
-    // first it spills more. Split by the head dim, P^T goes to this step's P buffer too, and dV's
-    // and dK's GEMMs wait for every consumer's columns. The other buffers' last readers, the
-    // previous step's GEMMs, are done in every consumer: each waited for them before writing
-    // this step's.
-    auto issue_dv = [&] {
-      if constexpr (kSplitHeadDim) {
-        warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer),
-                              tdVrdO(_, _, _, do_state.index()), tdVrdV);
+    if (producer_thread) {
+      auto load_q = [&] {
+        load_rows<Traits>(p, work, tmas.q, mQ, buffers.sQ, pipeline_q, q_state, p.softmax_lse_log2,
+                          smem.lse_log2, at.head, at.m_block);
+      };
+      auto load_do = [&] {
+        load_rows<Traits>(p, work, tmas.dout, mdO, buffers.sdO, pipeline_do, do_state, p.softmax_d,
+                          smem.d, at.head, at.m_block);
+      };
+      if constexpr (Traits::kDoFirst) {
+        load_do();
+        if (Traits::kSecondKeysLate && step == 0) load_second_keys();
+        load_q();
       } else {
-        warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_state.index()), tdVrdV);
+        load_q();
+        if (Traits::kSecondKeysLate && step == 0) load_second_keys();
+        load_do();
       }
-    };
-    auto issue_dk = [&] {
-      if constexpr (kSplitHeadDim) {
-        warpgroup_gemm<false>(mma_dkv, tdKrdS(_, _, _, ds_buffer),
-                              tdKrQ(_, _, _, q_state.index()), tdKrdK);
-      } else {
-        warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_state.index()), tdKrdK);
-      }
-    };
-    auto issue_dkv = [&] {
-      issue_dv();
-      if constexpr (!Traits::kDqBeforeDk) issue_dk();
-    };
-    constexpr bool kDvFirst = Traits::kDqTransposed && Dropout::kEnabled;
-    if constexpr (!kSplitHeadDim && kDvFirst) issue_dkv();
-    copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
-    if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
-    if constexpr (!kSplitHeadDim && !kDvFirst) issue_dkv();
-    cutlass::arch::fence_view_async_shared();
-    named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
-    if constexpr (kSplitHeadDim) issue_dkv();
-    if constexpr (Traits::kDqTransposed) {
-      // dQ^T's GEMM queues behind dV's. In the dropout kernel dV's retires first, which frees
-      // P^T: a transposed share beside P^T, dS^T and dV's GEMM in flight makes it spill more.
-      if constexpr (kDvFirst) warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
-      warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
-    } else if (kDqUneven && consumer != 0) {
-      warpgroup_gemm<true>(mma_dq_second, tdQrdS2(_, _, _, ds_buffer), tdQrK2(_, _, _, 0),
-                           tdQrdQ2);
-    } else {
-      warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
     }
-    if constexpr (Traits::kDqBeforeDk) {
-      issue_dk();
-      warpgroup_wait<1>();
-    } else {
-      warpgroup_wait<0>();
-    }
-    warpgroup_fence_operand(tdQrdQ);
-    if constexpr (kDqUneven) warpgroup_fence_operand(tdQrdQ2);
-    pipeline_do.consumer_release(do_state);
-    ++do_state;
+  }
+}
 
-    // dQ's share -> the workspace (in register order, the layout bwd_aux.cuh converts from):
-    // by reductions from registers where the traits say so, else through this step's staging
-    // buffer, piece by piece, each once the dQ warp has read what the buffer held; the dQ warp
-    // adds it. (Reductions from registers hold each thread at its next memory instruction until
-    // the load/store unit has taken them all, which costs more where the adds are fewer.)
-    if constexpr (Traits::kDqFromRegisters) {
-      if (dq_from_registers) {
-        add_dq_from_registers<Traits>(p, work, mask, head, m_block, consumer, thread, tdQrdQ,
-                                      deterministic, dq_turn_pending);
-      }
-    }
-    auto stage_share = [&](auto const& acc) {
-      constexpr int kPieceGroups = decltype(size(acc))::value / 4 / Traits::kDqPieces;
-      float* const dq_staged = dq_staging + dq_buffer * kPieceGroups * 4 * 128;
+// This thread's query rows' lse_log2 (from the Q stage) and D (the dO stage), one per column of
+// its S^T accumulator: read into registers ahead of use where the tile leaves room for them, so
+// that their latency hides under a GEMM, else from shared memory where used. coords: (key, query
+// row) of each accumulator register, (rows, kQueryCols).
+template <bool kInRegisters, class Coords>
+struct RowStats {
+  static constexpr int kQueryCols = decltype(cute::size<1>(std::declval<Coords const&>()))::value;
+  Coords const coords;
+  float const* lse_stage;  // (BLK_M) of the Q stage, from this consumer's first row
+  float const* d_stage;    // (BLK_M) of the dO stage, likewise
+  float lse_regs[kQueryCols];
+  float d_regs[kQueryCols];
+
+  __device__ __forceinline__ RowStats(Coords const& coords, float const* lse_stage,
+                                      float const* d_stage)
+      : coords(coords), lse_stage(lse_stage), d_stage(d_stage) {}
+
+  // The query row of accumulator column c.
+  __device__ __forceinline__ int row(int c) const { return cute::get<1>(coords(0, c)); }
+  __device__ __forceinline__ void read_lse() {
+    if constexpr (kInRegisters) {
       CUTE_UNROLL
-      for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
-        named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
-        CUTE_UNROLL
-        for (int j = 0; j < kPieceGroups; ++j) {
-          const int r = 4 * (piece * kPieceGroups + j);
-          reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
-              make_float4(acc(r), acc(r + 1), acc(r + 2), acc(r + 3));
-        }
-        fence_for_bulk_copies();
-        named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
-      }
-    };
-    if constexpr (Traits::kDqBuffers > 0) {
-      if (!dq_from_registers) {
-        if (kDqUneven && consumer != 0) {
-          stage_share(tdQrdQ2);
-        } else {
-          stage_share(tdQrdQ);
-        }
-      }
+      for (int c = 0; c < kQueryCols; ++c) lse_regs[c] = lse_stage[row(c)];
     }
+  }
+  __device__ __forceinline__ void read_d() {
+    if constexpr (kInRegisters) {
+      CUTE_UNROLL
+      for (int c = 0; c < kQueryCols; ++c) d_regs[c] = d_stage[row(c)];
+    }
+  }
+  __device__ __forceinline__ float lse_log2(int c) const {
+    if constexpr (kInRegisters) return lse_regs[c];
+    else return lse_stage[row(c)];
+  }
+  __device__ __forceinline__ float d(int c) const {
+    if constexpr (kInRegisters) return d_regs[c];
+    else return d_stage[row(c)];
+  }
+};
+
+// S^T = K Q^T and dP^T = V dO^T of one step, issued once their tiles have landed (dP^T's first
+// with one Q stage, kDoFirst), lse read under the first. The second of K and V arrives under the
+// first step's first GEMM where the traits load it late. tSrK, tSrV: (MMA, MMA_M, MMA_K); tSrQ,
+// tSrdO: (MMA, MMA_N, MMA_K, PIPE) descriptors; tSrS, tSrdP: (MMA, MMA_M, MMA_N) fp32.
+template <class Traits, class Mma, class FragK, class FragQ, class FragDo, class Acc, class Stats>
+__device__ __forceinline__ void issue_s_and_dp(
+    typename Traits::SharedStorage& smem, int step, typename Traits::PipelineQ& pipeline_q,
+    typename Traits::PipelineQ::PipelineState const& q_state,
+    typename Traits::PipelineDo& pipeline_do,
+    typename Traits::PipelineDo::PipelineState const& do_state, Mma& mma, FragK const& tSrK,
+    FragK const& tSrV, FragQ const& tSrQ, FragDo const& tSrdO, Acc& tSrS, Acc& tSrdP,
+    Stats& stats) {
+  using namespace cute;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  if constexpr (Traits::kDoFirst) {
+    pipeline_do.consumer_wait(do_state);
+    warpgroup_gemm<true>(mma, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+    pipeline_q.consumer_wait(q_state);
+    if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.k_full, 0);
+    warpgroup_gemm<true>(mma, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    stats.read_lse();
+  } else {
+    pipeline_q.consumer_wait(q_state);
+    warpgroup_gemm<true>(mma, tSrK, tSrQ(_, _, _, q_state.index()), tSrS);
+    stats.read_lse();
+    pipeline_do.consumer_wait(do_state);
+    if (Traits::kSecondKeysLate && step == 0) TxBarrier::wait(&smem.v_full, 0);
+    warpgroup_gemm<true>(mma, tSrV, tSrdO(_, _, _, do_state.index()), tSrdP);
+  }
+}
+
+// The backward's softmax on one step's S^T and dP^T, (MMA, MMA_M, MMA_N) fp32 with keys as rows
+// and query rows as columns (tScS: their (key, row) in the step's tile, from key0 and row0): the
+// score modifier and the mask on S^T, then P^T = exp2(S^T * scale_log2 - lse_log2) per query row
+// and dS^T = P^T (dP^T - D), times the modifier's derivative, in place; masked scores are -inf,
+// and a padded row's lse_log2 +inf, so both give P = 0. Where the modifier's derivative is 1
+// (none, ALiBi) and dP^T's GEMM went second, P is computed while dP^T is still on the tensor
+// cores (the caller waited for S^T's only); otherwise P waits for dP^T, so the modified scores
+// need no registers of their own (the derivative is a function of them). Under dropout (keep
+// mask Z, kept ones scaled by 1 / (1 - p)) P^T's place gets Z P^T for dV and dS^T = P^T (Z dP^T
+// - D).
+template <class Traits, class Mask, class ScoreMod, class Dropout, class Acc, class Coords,
+          class Stats>
+__device__ __forceinline__ void bwd_softmax(BwdParams const& p, Mask const& mask,
+                                            ScoreMod const& score_mod, Dropout const& dropout,
+                                            int m_block, int n_block, int row0, int key0,
+                                            Acc& tSrS, Acc& tSrdP, Coords const& tScS,
+                                            Stats& stats) {
+  using namespace cute;
+  if constexpr (!ScoreMod::kIdentity) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      tSrS(i) = score_mod.apply(tSrS(i), row0 + get<1>(tScS(i)), key0 + get<0>(tScS(i)));
+    }
+  }
+  if (mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(m_block, n_block)) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int key = key0 + get<0>(tScS(i));
+      const int row = row0 + get<1>(tScS(i));
+      if (!mask.visible(row, key)) tSrS(i) = -INFINITY;
+    }
+  }
+  Tensor s = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));    // (keys, query cols)
+  Tensor dp = make_tensor(tSrdP.data(), rows_by_cols(tSrdP.layout()));  // (keys, query cols)
+  auto const& coords = stats.coords;                                     // (keys, query cols)
+  constexpr int kQueryCols = Stats::kQueryCols;
+  auto prob = [&](float score, int c) {
+    return exp2f(fmaf(score, p.scale_log2, -stats.lse_log2(c)));
+  };
+  // One score's P^T and dS^T from s (P^T already, or the modified score) and dP^T, at (r, c).
+  auto p_and_ds = [&](int r, int c, bool keep) {
+    float derivative = 1.f;
+    if constexpr (!ScoreMod::kUnitDerivative) {
+      derivative = score_mod.derivative(s(r, c), row0 + stats.row(c), key0 + get<0>(coords(r, c)));
+      s(r, c) = prob(s(r, c), c);
+    }
+    float dprob = dp(r, c);
+    if constexpr (Dropout::kEnabled) dprob = keep ? dprob * dropout.scale : 0.f;
+    dp(r, c) = s(r, c) * (dprob - stats.d(c)) * derivative;
+    if constexpr (Dropout::kEnabled) s(r, c) = keep ? s(r, c) * dropout.scale : 0.f;
+  };
+  if constexpr (ScoreMod::kUnitDerivative) {
+    CUTE_UNROLL
+    for (int c = 0; c < kQueryCols; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s); ++r) s(r, c) = prob(s(r, c), c);
+    }
+  }
+  stats.read_d();
+  warpgroup_wait<0>();
+  if constexpr (Dropout::kEnabled) {
+    for_each_dropout_decision_transposed(dropout, coords, key0, row0, p_and_ds);
+  } else {
+    CUTE_UNROLL
+    for (int c = 0; c < kQueryCols; ++c) {
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(s); ++r) p_and_ds(r, c, true);
+    }
+  }
+}
+
+// A consumer's dQ share of one step, acc (MMA, MMA_M, MMA_N) fp32, into its staging buffer
+// dq_buffer (of those from dq_staging) for the dQ warp, piece by piece, each once the dQ warp
+// has read what the buffer held; in register order, the layout bwd_aux.cuh converts from.
+template <class Traits, class Acc>
+__device__ __forceinline__ void stage_dq_share(Acc const& acc, float* dq_staging, int dq_buffer,
+                                               int consumer, int thread) {
+  constexpr int kDqBuffers = Traits::kDqBuffers;
+  constexpr int kPieceGroups = decltype(cute::size(acc))::value / 4 / Traits::kDqPieces;
+  float* const dq_staged = dq_staging + dq_buffer * kPieceGroups * 4 * 128;
+  CUTE_UNROLL
+  for (int piece = 0; piece < Traits::kDqPieces; ++piece) {
+    named_sync(kDqEmptyBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+    CUTE_UNROLL
+    for (int j = 0; j < kPieceGroups; ++j) {
+      const int r = 4 * (piece * kPieceGroups + j);
+      reinterpret_cast<float4*>(dq_staged)[j * 128 + thread] =
+          make_float4(acc(r), acc(r + 1), acc(r + 2), acc(r + 3));
+    }
+    fence_for_bulk_copies();
+    named_arrive(kDqFullBarrier + kDqBuffers * consumer + dq_buffer, kDqHandoffThreads);
+  }
+}
+
+// The GEMMs of one step after the softmax: dV += P^T dO, dK += dS^T Q and dQ's share, dS K (or
+// dQ^T = K^T dS^T). dS^T (tSrdS, its 16 bits; and split by the head dim P^T, tSrP) goes to this
+// step's dS buffer by stmatrix first, then dV's GEMM issues (P^T and dS^T from registers), so
+// that the stores have landed by the proxy fence after it (issued after the GEMMs, they hold the
+// fence). The dropout kernel with a transposed dQ share (kBlockM = 80) issues dV's GEMM first and
+// lets it retire before dQ^T's issues: with the stores first it spills more. Split by the head
+// dim, P^T goes to this step's P buffer too, and dV's and dK's GEMMs wait for every consumer's
+// columns. The other buffers' last readers, the previous step's GEMMs, are done in every
+// consumer: each waited for them before writing this step's. Returns with dK's GEMM (kDqBeforeDk)
+// still in flight.
+// tdVrP, tdKrdS: (MMA, MMA_M, MMA_K), or split by the head dim descriptors (..., DS_BUFS);
+// tdVrdO, tdKrQ: (MMA, MMA_N, MMA_K, PIPE) descriptors; tdVrdV, tdKrdK: (MMA, MMA_M, MMA_N) fp32;
+// dq (and dq2, the second consumer's share where the shares differ): (its K operand, its dS
+// operand, its fp32 accumulator), as dq_operands makes them.
+template <class Traits, class Dropout, class StoreDs, class FragDsStore, class SDs,
+          class MmaDkv, class FragP, class FragDo, class AccKv, class FragDs, class FragQ,
+          class MmaDq, class DqOperands, class MmaDq2, class DqOperands2>
+__device__ __forceinline__ void issue_dkv_and_dq(
+    int consumer, int ds_buffer, int q_stage, int do_stage, StoreDs const& store_ds,
+    FragDsStore const& tdSrdS_store, FragDsStore const& tdSrP_store, SDs const& tdSsdS,
+    MmaDkv& mma_dkv, FragP const& tdVrP, FragDo const& tdVrdO, AccKv& tdVrdV,
+    FragDs const& tdKrdS, FragQ const& tdKrQ, AccKv& tdKrdK, MmaDq& mma_dq, DqOperands& dq,
+    MmaDq2& mma_dq_second, DqOperands2& dq2) {
+  using namespace cute;
+  constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
+  auto issue_dv = [&] {
+    if constexpr (kSplitHeadDim) {
+      warpgroup_gemm<false>(mma_dkv, tdVrP(_, _, _, 2 + ds_buffer), tdVrdO(_, _, _, do_stage),
+                            tdVrdV);
+    } else {
+      warpgroup_gemm<false>(mma_dkv, tdVrP, tdVrdO(_, _, _, do_stage), tdVrdV);
+    }
+  };
+  auto issue_dk = [&] {
+    if constexpr (kSplitHeadDim) {
+      warpgroup_gemm<false>(mma_dkv, tdKrdS(_, _, _, ds_buffer), tdKrQ(_, _, _, q_stage), tdKrdK);
+    } else {
+      warpgroup_gemm<false>(mma_dkv, tdKrdS, tdKrQ(_, _, _, q_stage), tdKrdK);
+    }
+  };
+  auto issue_dkv = [&] {
+    issue_dv();
+    if constexpr (!Traits::kDqBeforeDk) issue_dk();
+  };
+  constexpr bool kDvFirst = Traits::kDqTransposed && Dropout::kEnabled;
+  if constexpr (!kSplitHeadDim && kDvFirst) issue_dkv();
+  copy(store_ds, tdSrdS_store, tdSsdS(_, _, _, ds_buffer));
+  if constexpr (kSplitHeadDim) copy(store_ds, tdSrP_store, tdSsdS(_, _, _, 2 + ds_buffer));
+  if constexpr (!kSplitHeadDim && !kDvFirst) issue_dkv();
+  cutlass::arch::fence_view_async_shared();
+  named_sync(kDsWrittenBarrier, Traits::kConsumerThreads);
+  if constexpr (kSplitHeadDim) issue_dkv();
+  auto& [tdQrK, tdQrdS, tdQrdQ] = dq;
+  if constexpr (Traits::kDqTransposed) {
+    // dQ^T's GEMM queues behind dV's. In the dropout kernel dV's retires first, which frees
+    // P^T: a transposed share beside P^T, dS^T and dV's GEMM in flight makes it spill more.
+    if constexpr (kDvFirst) warpgroup_wait<Traits::kDqBeforeDk ? 0 : 1>();
+    warpgroup_gemm<true>(mma_dq, tdQrK(_, _, _, 0), tdQrdS(_, _, _, ds_buffer), tdQrdQ);
+  } else if (Traits::kDqUneven && consumer != 0) {
+    auto& [tdQrK2, tdQrdS2, tdQrdQ2] = dq2;
+    warpgroup_gemm<true>(mma_dq_second, tdQrdS2(_, _, _, ds_buffer), tdQrK2(_, _, _, 0),
+                         tdQrdQ2);
+  } else {
+    warpgroup_gemm<true>(mma_dq, tdQrdS(_, _, _, ds_buffer), tdQrK(_, _, _, 0), tdQrdQ);
+  }
+  if constexpr (Traits::kDqBeforeDk) {
+    issue_dk();
+    warpgroup_wait<1>();
+  } else {
     warpgroup_wait<0>();
-    warpgroup_fence_operand(tdKrdK);
-    pipeline_q.consumer_release(q_state);
-    ++q_state;
   }
-  if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();  // (the walk's last)
+  warpgroup_fence_operand(tdQrdQ);
+  if constexpr (Traits::kDqUneven) warpgroup_fence_operand(get<2>(dq2));
+}
 
-  // A split block's pieces sum their dK and dV; the last to finish writes them.
-  if (piece.pieces > 1 &&
-      !sum_pieces<Traits>(p, piece.block - (blocks - p.split_blocks), piece.pieces, consumer,
-                          thread, tdKrdK, tdVrdV)) {
-    return;
-  }
-
-  // dK (scaled: S was softmax_scale * Q K^T) and dV: registers -> 16 bits -> this consumer's rows
-  // of K's and V's buffers by stmatrix -> global by one TMA store each (which drops the rows past
-  // the sequence), issued by the consumer's first thread, or (the traits' kStoreKvByTma unset,
-  // and a packed sequence's partial last block) in 16-byte pieces, a warp's 32 covering whole
-  // rows, the keys inside the sequence (the gradients' rows are 16-byte aligned: whole head dims
-  // of a fresh tensor). Stores straight from the accumulators would be 4 bytes each, rows apart,
-  // queued on the load/store unit.
+// The epilogue: dK (scaled: S was softmax_scale * Q K^T) and dV, (MMA, MMA_M, MMA_N) fp32:
+// registers -> 16 bits -> this consumer's rows of K's and V's buffers by stmatrix -> global by
+// one TMA store each (which drops the rows past the sequence), issued by the consumer's first
+// thread, or (the traits' kStoreKvByTma unset, and a packed sequence's partial last block) in
+// 16-byte pieces, a warp's 32 covering whole rows, the keys inside the sequence (the gradients'
+// rows are 16-byte aligned: whole head dims of a fresh tensor). Stores straight from the
+// accumulators would be 4 bytes each, rows apart, queued on the load/store unit.
+template <class Traits, class Work, class Tmas, class MmaDkv, class AccKv>
+__device__ __forceinline__ void bwd_epilogue(BwdParams const& p, Tmas const& tmas,
+                                             typename Traits::SharedStorage& smem,
+                                             Work const& work, int consumer, int thread,
+                                             int key0, int key_share, int row_share,
+                                             MmaDkv& mma_dkv, AccKv const& tdKrdK,
+                                             AccKv const& tdVrdV) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using HD = typename Traits::HD;
+  using KvCols = typename Traits::KvCols;
+  const BwdSmemTensors<Traits> buffers(smem);
   auto store_kv = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_dkv);
   auto thr_store_kv = store_kv.get_thread_slice(thread);
-  Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());
-  auto own_share = [&](auto const& s) {  // this consumer's keys and head-dim columns
+  Tensor tdKVrOut = make_tensor<Element>(tdVrdV.layout());  // (MMA, MMA_M, MMA_N)
+  // This consumer's keys and head-dim columns of K's or V's buffer, (64, KV_COLS).
+  auto own_share = [&](auto const& s) {
     return local_tile(s(_, _, 0), Shape<_64, KvCols>{}, make_coord(key_share, row_share));
   };
   auto stage = [&](auto const& acc, auto const& s, float scale) {
@@ -911,29 +810,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
   // V's rows: split by keys, only this consumer's dP^T GEMMs read them, and they are complete;
   // K's rows, and split by the head dim V's too: every consumer's GEMMs read all of them.
-  if constexpr (!kSplitHeadDim) stage(tdVrdV, sV, 1.f);
+  if constexpr (!Traits::kSplitHeadDim) stage(tdVrdV, buffers.sV, 1.f);
   named_sync(kKeysReadBarrier, Traits::kConsumerThreads);
-  if constexpr (kSplitHeadDim) stage(tdVrdV, sV, 1.f);
-  stage(tdKrdK, sK, p.softmax_scale);
+  if constexpr (Traits::kSplitHeadDim) stage(tdVrdV, buffers.sV, 1.f);
+  stage(tdKrdK, buffers.sK, p.softmax_scale);
   // A packed sequence's partial last key block stores by thread: a TMA store would write the
   // rows past the sequence, the next sequence's.
   if constexpr (Traits::kStoreKvByTma) {
-    if (!work.seq.packed || (work.n_block + 1) * kBlockN <= work.seq.seqlen_k) {
+    if (!work.seq.packed || (work.n_block + 1) * Traits::kBlockN <= work.seq.seqlen_k) {
       cutlass::arch::fence_view_async_shared();  // the stmatrix writes, seen by the TMA stores
       named_sync(kEpilogueBarrier + consumer, 128);
       if (thread == 0) {
         auto store = [&](auto const& tma, auto const& s) {
           Tensor m = tma.get_tma_tensor(
-              make_shape(kv_view_rows(p), HD{}, p.heads_kv, view_slots(p)));
+              make_shape(kv_view_rows(p), HD{}, p.heads_kv, view_slots(p)));  // (rows, HD, ...)
           Tensor g = local_tile(
               domain_offset(make_coord(work.k_row0(), _0{}), m(_, _, work.head_kv, work.slot())),
-              Shape<_64, KvCols>{}, make_coord(_, _));
+              Shape<_64, KvCols>{}, make_coord(_, _));  // (64, KV_COLS, key slabs, col shares)
           auto [tg, ts] = tma_partition(tma, Int<0>{}, Layout<_1>{},
-                                        group_modes<0, 2>(own_share(s)), group_modes<0, 2>(g));
+                                        group_modes<0, 2>(own_share(s)),
+                                        group_modes<0, 2>(g));  // (TMA, slabs, shares), (TMA)
           copy(tma, ts, tg(_, key0 / 64, row_share));
         };
-        store(tmas.dv, sV);
-        store(tmas.dk, sK);
+        store(tmas.dv, buffers.sV);
+        store(tmas.dk, buffers.sK);
         tma_store_arrive();
         tma_store_wait<0>();  // the buffers are read before the block exits
       }
@@ -943,7 +843,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   named_sync(kEpilogueBarrier + consumer, 128);
   auto store = [&](auto const& s, void* base, int64_t batch_stride, int64_t row_stride,
                    int64_t head_stride) {
-    Tensor share = own_share(s);
+    Tensor share = own_share(s);  // (64, KV_COLS)
     Element* out = static_cast<Element*>(base) +
                    work.seq.k_offset(batch_stride, row_stride, head_stride, work.head_kv) +
                    Traits::kKvCols * row_share;
@@ -957,8 +857,309 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
   };
-  store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-  store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+  store(buffers.sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+  store(buffers.sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+}
+
+// S^T's and dP^T's operands over a consumer's keys (key_share) and query rows (row_share), as
+// descriptors: K's and V's, (MMA, MMA_M, MMA_K); Q's and dO's, (MMA, MMA_N, MMA_K, PIPE).
+template <class Traits, class ThrMma, class Smem>
+__device__ __forceinline__ auto sdp_operands(ThrMma const& thr, Smem const& s, int key_share,
+                                             int row_share) {
+  using namespace cute;
+  using HD = typename Traits::HD;
+  auto own_keys = [&](auto const& t) {  // (64, HD)
+    return local_tile(t(_, _, 0), Shape<_64, HD>{}, make_coord(key_share, _0{}));
+  };
+  auto own_rows = [&](auto const& t) {  // (ROWS, HD, stages)
+    return local_tile(t, make_shape(typename Traits::Rows{}, HD{}, size<2>(t)),
+                      make_coord(row_share, _0{}, _0{}));
+  };
+  return make_tuple(thr.partition_fragment_A(own_keys(s.sK)),
+                    thr.partition_fragment_A(own_keys(s.sV)),
+                    thr.partition_fragment_B(own_rows(s.sQ)),
+                    thr.partition_fragment_B(own_rows(s.sdO)));
+}
+
+// dV's and dK's operands: P^T's and dS^T's (tSrP, tSrdS: (MMA, MMA_M, MMA_N) in 16 bits) as A
+// operands from registers, (MMA, MMA_M, MMA_K), or split by the head dim from the P and dS
+// buffers (descriptors, (MMA, MMA_M, MMA_K, DS_BUFS)); dO^T's and Q^T's over the consumer's
+// head-dim columns (row_share), descriptors (MMA, MMA_N, MMA_K, PIPE).
+template <class Traits, class ThrMma, class Smem, class Frag>
+__device__ __forceinline__ auto dkv_operands(ThrMma const& thr, Smem const& s, Frag& tSrP,
+                                             Frag& tSrdS, int row_share) {
+  using namespace cute;
+  auto own_cols = [&](auto const& t) {  // (KV_COLS, BLK_M, stages)
+    return local_tile(t, make_shape(typename Traits::KvCols{}, typename Traits::BM{}, size<2>(t)),
+                      make_coord(row_share, _0{}, _0{}));
+  };
+  if constexpr (Traits::kSplitHeadDim) {
+    return make_tuple(thr.partition_fragment_A(s.sdSt), thr.partition_fragment_A(s.sdSt),
+                      thr.partition_fragment_B(own_cols(s.sdOt)),
+                      thr.partition_fragment_B(own_cols(s.sQt)));
+  } else {
+    return make_tuple(make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout())),
+                      make_tensor(tSrdS.data(), acc_as_a_operand(tSrdS.layout())),
+                      thr.partition_fragment_B(own_cols(s.sdOt)),
+                      thr.partition_fragment_B(own_cols(s.sQt)));
+  }
+}
+
+// A consumer's rows of dS^T in shared memory (the dS buffers' transposed view), written by
+// stmatrix: a key's 8 consecutive query rows are 16 contiguous bytes there (transposed: a query
+// row's 8 consecutive keys). (Element-wise stores through the swizzled view lose the shared
+// address space: generic stores with 64-bit address arithmetic.) The swizzle applies to the
+// offset within the buffers, whose base is aligned to its period, not to the pointer: a thread's
+// stores of a step are then one shared address plus immediates, where the pointer's swizzle
+// rebuilt each address every step in 64-bit arithmetic. Returns the thread's slice of the
+// buffers, (STSM, STSM_M, STSM_N, DS_BUFS).
+template <class Traits, class ThrCopy, class Smem>
+__device__ __forceinline__ auto ds_store_destination(ThrCopy const& thr, Smem const& s,
+                                                     int key_share, int row_share) {
+  using namespace cute;
+  return thr.partition_D(local_tile(
+      as_position_independent_swizzle_tensor(s.sdSt),
+      Shape<_64, typename Traits::Rows, typename Traits::DsBuffers>{},
+      make_coord(key_share, row_share, _0{})));
+}
+
+// The operands of a dQ share of `cols` columns from first_col (a multiple of it): dS (its rows,
+// those of sdSShare, (DQ_ROWS, BLK_N, DS_BUFS)) times K (its columns), or its transpose, K^T's
+// rows (the share's columns) times dS^T. Returns (K's, dS's, the accumulator): descriptors
+// (MMA, MMA_M or MMA_N, MMA_K, 1) and (..., DS_BUFS), and fp32 (MMA, MMA_M, MMA_N).
+template <class Traits, class Mma, class Cols, class Smem, class SShare>
+__device__ __forceinline__ auto dq_operands(Mma const& mma, Cols, int first_col, int thread,
+                                            Smem const& s, SShare const& sdSShare) {
+  using namespace cute;
+  using DqRows = Int<Traits::kDqRows>;
+  auto thr = mma.get_thread_slice(thread);
+  Tensor sKtShare = local_tile(s.sKt, Shape<Cols, typename Traits::BN, _1>{},
+                               make_coord(first_col / Cols::value, _0{}, _0{}));  // (COLS, BLK_N)
+  if constexpr (Traits::kDqTransposed) {
+    return make_tuple(thr.partition_fragment_A(sKtShare), thr.partition_fragment_B(sdSShare),
+                      partition_fragment_C(mma, Shape<Cols, DqRows>{}));
+  } else {
+    return make_tuple(thr.partition_fragment_B(sKtShare), thr.partition_fragment_A(sdSShare),
+                      partition_fragment_C(mma, Shape<DqRows, Cols>{}));
+  }
+}
+
+// A consumer warpgroup: keys [64 c, 64 c + 64) of the block, or (split by the head dim) all 64
+// keys, query rows [kRows c, kRows c + kRows) and head-dim columns [kKvCols c, kKvCols c +
+// kKvCols). Its mainloop walks the steps: S^T and dP^T (issue_s_and_dp), the softmax
+// (bwd_softmax), dV, dK and dQ's share (issue_dkv_and_dq), the share to the workspace (from
+// registers, or staged for the dQ warp); then a split block's pieces sum dK and dV, and the
+// epilogue stores them.
+template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas, class Work,
+          class Walk>
+__device__ __forceinline__ void bwd_consumer(
+    BwdParams const& p, Tmas const& tmas, typename Traits::SharedStorage& smem, Work const& work,
+    Walk const& walk, StepShare share, GridPiece piece, int split_block, bool deterministic,
+    bool dq_from_registers, int consumer, typename Traits::PipelineQ& pipeline_q,
+    typename Traits::PipelineDo& pipeline_do) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Rows = typename Traits::Rows;
+  using KvCols = typename Traits::KvCols;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr bool kSplitHeadDim = Traits::kSplitHeadDim;
+  constexpr bool kDqUneven = Traits::kDqUneven;
+  constexpr int kDqBuffers = Traits::kDqBuffers;
+  const int thread = threadIdx.x % 128;
+  const int key_share = kSplitHeadDim ? 0 : consumer;  // which 64 keys, rows or columns it owns
+  const int row_share = kSplitHeadDim ? consumer : 0;
+  const BwdSmemTensors<Traits> buffers(smem);
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmaDkv mma_dkv;
+  typename Traits::TiledMmaDq mma_dq;
+  typename Traits::TiledMmaDqSecond mma_dq_second;
+  auto thr_sdp = mma_sdp.get_thread_slice(thread);
+  // (MMA, MMA_M, MMA_K) x 2, (MMA, MMA_N, MMA_K, PIPE) x 2: descriptors
+  auto [tSrK, tSrV, tSrQ, tSrdO] = sdp_operands<Traits>(thr_sdp, buffers, key_share, row_share);
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});   // (MMA, MMA_M, MMA_N)
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<_64, Rows>{});  // (MMA, MMA_M, MMA_N)
+  // (MMA, MMA_M, MMA_N) -> (key, query row) in the step's tile
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<_64, Rows>{}));
+  // tScS as (key, query row) rows and columns: each of its columns is one query row of the block.
+  Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));  // (keys, query cols)
+  // Not beside a modifier whose derivative is not 1 (P^T is computed after dP^T's GEMM then,
+  // beside its accumulator) nor beside dropout's random bits: they spill.
+  constexpr bool kStatsInRegisters =
+      Traits::kRowStatsInRegisters && ScoreMod::kUnitDerivative && !Dropout::kEnabled;
+  Tensor tSrP = make_tensor<Element>(tSrS.layout());   // (MMA, MMA_M, MMA_N)
+  Tensor tSrdS = make_tensor<Element>(tSrS.layout());  // (MMA, MMA_M, MMA_N)
+  // (MMA, MMA_M, MMA_K) x 2, from registers or descriptors (..., DS_BUFS); (MMA, MMA_N, MMA_K,
+  // PIPE) x 2, descriptors
+  auto [tdVrP, tdKrdS, tdVrdO, tdKrQ] =
+      dkv_operands<Traits>(mma_dkv.get_thread_slice(thread), buffers, tSrP, tSrdS, row_share);
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});  // (MMA, MMA_M, MMA_N)
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<_64, KvCols>{});  // (MMA, MMA_M, MMA_N)
+  auto store_ds =
+      make_tiled_copy_C(Copy_Atom<typename Traits::DsStoreAtom, Element>{}, mma_sdp);
+  auto thr_store_ds = store_ds.get_thread_slice(thread);
+  // (STSM, STSM_M, STSM_N, DS_BUFS)
+  Tensor tdSsdS = ds_store_destination<Traits>(thr_store_ds, buffers, key_share, row_share);
+  Tensor tdSrdS_store = thr_store_ds.retile_S(tSrdS);  // (STSM, STSM_M, STSM_N)
+  Tensor tdSrP_store = thr_store_ds.retile_S(tSrP);    // (STSM, STSM_M, STSM_N)
+  // (DQ_ROWS, BLK_N, DS_BUFS): the dS rows of this consumer's dQ share
+  Tensor sdSShare = local_tile(buffers.sdS, Shape<Int<Traits::kDqRows>, typename Traits::BN,
+                                            typename Traits::DsBuffers>{},
+                               make_coord(Traits::kDqSplitRows ? consumer : 0, _0{}, _0{}));
+  // The first consumer's share (every consumer's, where the shares are alike) and, where they
+  // differ (kDqUneven), the second's, which only the second consumer computes.
+  // (K's, dS's, fp32 accumulator (MMA, MMA_M, MMA_N)), as dq_operands says
+  auto dq = dq_operands<Traits>(mma_dq, Int<Traits::kDqCols>{},
+                                kDqUneven ? 0 : Traits::dq_first_col(consumer), thread, buffers,
+                                sdSShare);
+  // (K's, dS's, fp32 accumulator (MMA, MMA_M, MMA_N)), likewise
+  auto dq2 = dq_operands<Traits>(mma_dq_second, Int<Traits::dq_cols(Traits::kConsumers - 1)>{},
+                                 kDqUneven ? Traits::dq_first_col(1) : 0, thread, buffers,
+                                 sdSShare);
+  auto& tdQrdQ = get<2>(dq);
+  auto& tdQrdQ2 = get<2>(dq2);
+  static_assert(decltype(size(tdQrdQ))::value == Traits::dq_floats(0) / 128);
+  // This consumer's staging buffers, used in turn (none where the memory plan leaves none): with
+  // two, the dQ warp reads one while the next step writes the other.
+  float* const dq_staging = smem.dq + Traits::dq_staging_offset(consumer);
+
+  clear(tdVrdV);
+  clear(tdKrdK);
+  if (walk.has_steps()) {
+    TxBarrier::wait(Traits::kDoFirst ? &smem.v_full : &smem.k_full, 0);
+    if constexpr (!Traits::kSecondKeysLate) {
+      TxBarrier::wait(Traits::kDoFirst ? &smem.k_full : &smem.v_full, 0);
+    }
+  }
+  typename Traits::PipelineQ::PipelineState q_state;
+  typename Traits::PipelineDo::PipelineState do_state;
+  PendingTurn dq_turn_pending;  // a deterministic run's last dQ turn, from registers
+  const int key0 = work.n_block * Traits::kBlockN + key_share * 64;
+  int step = 0;
+  for (BwdStep at = walk.at_step(work.mask, share.first); !walk.done(at) && step < share.count;
+       at = walk.next(work.mask, at), ++step) {
+    const int head = at.head;
+    const int m_block = at.m_block;
+    const int ds_buffer = step & 1;  // P's: 2 + ds_buffer
+    const int dq_buffer = step % cute::max(1, kDqBuffers);  // (no staging buffers: 0)
+    const Mask mask = work.mask.for_head(head);
+    const int share_row = Traits::kRows * row_share;  // this consumer's first query row
+    RowStats<kStatsInRegisters, decltype(coords)> stats(
+        coords, smem.lse_log2 + q_state.index() * kBlockM + share_row,
+        smem.d + do_state.index() * kBlockM + share_row);
+
+    issue_s_and_dp<Traits>(smem, step, pipeline_q, q_state, pipeline_do, do_state, mma_sdp, tSrK,
+                           tSrV, tSrQ, tSrdO, tSrS, tSrdP, stats);
+    if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();
+    warpgroup_wait<Traits::kDoFirst ? 0 : 1>();
+    const int row0 = m_block * kBlockM + share_row;
+    const ScoreMod score_mod(p, work.batch, head, work.seq.mask_offset);
+    const Dropout dropout(p, work.batch, head);
+    bwd_softmax<Traits>(p, mask, score_mod, dropout, m_block, work.n_block, row0, key0, tSrS,
+                        tSrdP, tScS, stats);
+    convert_into(tSrP, tSrS);
+    convert_into(tSrdS, tSrdP);
+
+    issue_dkv_and_dq<Traits, Dropout>(consumer, ds_buffer, q_state.index(), do_state.index(),
+                                      store_ds, tdSrdS_store, tdSrP_store, tdSsdS, mma_dkv, tdVrP,
+                                      tdVrdO, tdVrdV, tdKrdS, tdKrQ, tdKrdK, mma_dq, dq,
+                                      mma_dq_second, dq2);
+    pipeline_do.consumer_release(do_state);
+    ++do_state;
+
+    // dQ's share -> the workspace (in register order, the layout bwd_aux.cuh converts from):
+    // by reductions from registers where the traits say so, else through this step's staging
+    // buffer for the dQ warp, which adds it. (Reductions from registers hold each thread at its
+    // next memory instruction until the load/store unit has taken them all, which costs more
+    // where the adds are fewer.)
+    if constexpr (Traits::kDqFromRegisters) {
+      if (dq_from_registers) {
+        add_dq_from_registers<Traits>(p, work, mask, head, m_block, consumer, thread, tdQrdQ,
+                                      deterministic, dq_turn_pending);
+      }
+    }
+    if constexpr (kDqBuffers > 0) {
+      if (!dq_from_registers) {
+        if (kDqUneven && consumer != 0) {
+          stage_dq_share<Traits>(tdQrdQ2, dq_staging, dq_buffer, consumer, thread);
+        } else {
+          stage_dq_share<Traits>(tdQrdQ, dq_staging, dq_buffer, consumer, thread);
+        }
+      }
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    pipeline_q.consumer_release(q_state);
+    ++q_state;
+  }
+  if constexpr (Traits::kDqFromRegisters) dq_turn_pending.release();  // (the walk's last)
+
+  // A split block's pieces sum their dK and dV; the last to finish writes them.
+  if (piece.pieces > 1 &&
+      !sum_pieces<Traits>(p, split_block, piece.pieces, consumer, thread, tdKrdK, tdVrdV)) {
+    return;
+  }
+  bwd_epilogue<Traits>(p, tmas, smem, work, consumer, thread, key0, key_share, row_share, mma_dkv,
+                       tdKrdK, tdVrdV);
+}
+
+// Warp specialised: warpgroup 0's first warp produces (bwd_producer) and its second adds the
+// consumers' staged dQ shares (add_dq_shares); every other warpgroup consumes (bwd_consumer).
+// The tile scheduler is the grid: each thread block owns one key block, or one piece of a split
+// one (grid_piece), and walks its query blocks (KeyBlockWork, StepShare).
+template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+
+  const bool deterministic = p.dq_semaphore != nullptr;
+  // Whether the consumers add dQ from registers (BwdTraits::kDqFromRegisters; a deterministic run
+  // only where no staging buffer fits), else stage it for the dQ warp.
+  const bool dq_from_registers =
+      Traits::kDqFromRegisters && (!deterministic || Traits::kDqBuffers == 0);
+  const int blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN * p.batch * p.heads_kv;
+  const GridPiece piece = grid_piece(int(blockIdx.x), blocks, p.split_blocks, p.splits);
+  const KeyBlockWork<Traits, Mask> work(p, deterministic, piece.block);
+  if (!work.has_keys()) return;  // past a shorter sequence's keys: no rows to write
+  const auto walk = work.walk(p, deterministic);
+  const StepShare share = StepShare::of(piece, walk.steps_at_most());
+
+  const int warpgroup = cutlass::canonical_warp_group_idx();
+  const bool producer_thread = threadIdx.x == 0;
+  auto pipeline_q = make_ring<typename Traits::PipelineQ, Traits>(smem.pipeline_q,
+                                                                  warpgroup == 0, producer_thread);
+  auto pipeline_do = make_ring<typename Traits::PipelineDo, Traits>(
+      smem.pipeline_do, warpgroup == 0, producer_thread);
+  if (producer_thread) {
+    TxBarrier::init(&smem.k_full, 1);
+    TxBarrier::init(&smem.v_full, 1);
+    prefetch_tma_descriptors(tmas.q, tmas.dout, tmas.k, tmas.v);
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+    const int warp = threadIdx.x / 32;
+    if (warp > 1 || !walk.has_steps()) return;
+    if (warp == 1) {
+      if constexpr (Traits::kDqBuffers > 0) {
+        if (!dq_from_registers) {
+          add_dq_shares<Traits>(p, work, walk, share, smem.dq, deterministic);
+        }
+      }
+      return;
+    }
+    bwd_producer<Traits>(p, tmas, smem, work, walk, share, pipeline_q, pipeline_do);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+  bwd_consumer<Traits, Mask, ScoreMod, Dropout>(
+      p, tmas, smem, work, walk, share, piece, piece.block - (blocks - p.split_blocks),
+      deterministic, dq_from_registers, warpgroup - 1, pipeline_q, pipeline_do);
 }
 
 }  // namespace flashgen::hopper

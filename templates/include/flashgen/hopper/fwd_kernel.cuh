@@ -7,6 +7,12 @@
 // mask cuts come first and the rest run unmasked. The same kernel reads a variable-length batch
 // (packed rows, cu_seqlens_q) and a KV cache, contiguous or paged (chunked prefill): TmaRows says
 // where a tile's rows are.
+//
+// By role, each a __forceinline__ function or a small struct (every wgmma-issuing call must
+// inline: ptxas serialises wgmma across a call, C7510): FwdScheduler (the tiles, what each
+// computes: FwdWork) and TileHandoff; fwd_producer (TMA loads); fwd_mainloop (the GEMMs) with
+// FwdSoftmax (score modifier, mask, online softmax, dropout); fwd_epilogue (lse, O's store);
+// fwd_consumer sets up a consumer's fragments and runs the three per tile.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -176,50 +182,49 @@ __device__ __forceinline__ void store_rows(Slab const& slab, FwdParams const& p,
   }
 }
 
-// kDense: every sequence is a (batch, seq) slice of q, k, v and o, as from flash_attn_func; else
-// also packed variable-length batches and KV caches (TmaRows), whose run-time branches cost dense
-// calls 1-3% (H100), hence an instantiation of their own.
-template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
-  using namespace cute;
-  using Element = typename Traits::Element;
-  using Pipeline = typename Traits::PipelineKV;
-  using HD = typename Traits::HD;
-  using Barrier = cutlass::arch::ClusterBarrier;
-  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kBlockM = Traits::kBlockM;
-  constexpr int kBlockN = Traits::kBlockN;
-  constexpr int kConsumers = Traits::kConsumers;
+// What one tile computes: its query block, sequence, TMA rows and mask, and the key blocks it
+// visits (n_last, then each below() down to n_first).
+template <class Traits, class Mask>
+struct FwdWork {
+  QueryTile tile;
+  DenseSeqs seq;
+  TmaRows<Traits::kBlockN> rows;
+  Mask mask;
+  bool past_end;  // a packed sequence shorter than the longest: nothing to compute or store
+  int n_first;
+  int n_last;
 
-  extern __shared__ char smem_bytes[];
-  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+  __device__ __forceinline__ bool has_keys() const { return n_last >= n_first; }
+  // The key block visited after n_block, first - 1 after the last.
+  __device__ __forceinline__ int below(int n_block) const {
+    return key_block_below<Traits::kBlockM, Traits::kBlockN>(mask, tile.m_block, n_block,
+                                                             n_first);
+  }
+};
 
-  // Producer and consumers walk the same tiles (next_tile, TileHandoff) and make the same
-  // decisions from them.
-  using Packed = PackedQueryBlocks<kBlockM>;
-  const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-  const bool packed = !kDense && Packed::use_tiles(p);
-  const int tiles = packed ? int(Packed::tiles(p)) : m_blocks * p.heads * p.batch;
+// The tile scheduler: how many tiles there are and what tile `index` computes. Producer and
+// consumers build the same one and walk the same tiles (next_tile, TileHandoff), so they make the
+// same decisions from them. kDense: every sequence is a (batch, seq) slice of q, k, v and o, as
+// from flash_attn_func; else also packed variable-length batches and KV caches (TmaRows).
+template <class Traits, class Mask, bool kDense>
+struct FwdScheduler {
+  using Packed = PackedQueryBlocks<Traits::kBlockM>;
+  int m_blocks;
+  bool packed;
+  int tiles;
   // Over a KV cache a sequence sees its cached keys and the appended ones, masked bottom-right.
-  const bool reads_cache = !kDense && (p.cache_seqlens != nullptr ||
-                                        p.cache_batch_idx != nullptr || p.block_table != nullptr);
-  struct Work {
-    QueryTile tile;
-    DenseSeqs seq;
-    TmaRows<kBlockN> rows;
-    Mask mask;
-    bool past_end;  // a packed sequence shorter than the longest: nothing to compute or store
-    int n_first;    // key blocks this tile visits: n_last, then each below() down to n_first
-    int n_last;
+  bool reads_cache;
 
-    __device__ __forceinline__ bool has_keys() const { return n_last >= n_first; }
-    // The key block visited after n_block, first - 1 after the last.
-    __device__ __forceinline__ int below(int n_block) const {
-      return key_block_below<kBlockM, kBlockN>(mask, tile.m_block, n_block, n_first);
-    }
-  };
-  auto work_of = [&](int index) {
+  __device__ __forceinline__ explicit FwdScheduler(FwdParams const& p)
+      : m_blocks((p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+        packed(!kDense && Packed::use_tiles(p)),
+        tiles(packed ? int(Packed::tiles(p)) : m_blocks * p.heads * p.batch),
+        reads_cache(!kDense && (p.cache_seqlens != nullptr || p.cache_batch_idx != nullptr ||
+                                p.block_table != nullptr)) {}
+
+  __device__ __forceinline__ FwdWork<Traits, Mask> work(FwdParams const& p, int index) const {
+    constexpr int kBlockM = Traits::kBlockM;
+    constexpr int kBlockN = Traits::kBlockN;
     const QueryTile tile = packed ? Packed::tile(p, index, Mask::kHidesKeys)
                                   : dense_tile<Mask::kHidesKeys>(index, m_blocks, p.heads);
     DenseSeqs seq(p, tile.batch);
@@ -235,9 +240,430 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const int n_begin = mask.template key_block_begin<kBlockN>(tile.m_block * kBlockM);
     const int n_end = past_end ? n_begin : mask.template key_block_end<kBlockN>(last_row);
     const int2 visited = visited_key_blocks<kBlockM, kBlockN>(mask, tile.m_block, n_begin, n_end);
-    return Work{tile, seq, rows, mask, past_end, visited.x, visited.y};
-  };
+    return {tile, seq, rows, mask, past_end, visited.x, visited.y};
+  }
+};
 
+// The key blocks of K or V (the tma's tensor m, (rows, head dim, heads, slots)) of KV head
+// `head_kv` from `row` of `slot`, partitioned for the tma into the ring s, (block_n, head dim,
+// stages): (tma's key blocks, (TMA, blocks); the ring's stages, (TMA, stages)).
+template <class Traits, class Tma, class GTensor, class STensor>
+__device__ __forceinline__ auto tma_key_blocks(Tma const& tma, GTensor const& m, STensor const& s,
+                                               int head_kv, int row, int slot) {
+  using namespace cute;
+  // (block_n, head dim, blocks)
+  Tensor g = local_tile(domain_offset(make_coord(row, _0{}), m(_, _, head_kv, slot)),
+                        Shape<Int<Traits::kBlockN>, typename Traits::HD>{}, make_coord(_, _0{}));
+  return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
+}
+
+// Key block n_block of K or V into its ring's next stage: from the tile's in-order blocks where it
+// lies there, else (a page, a shifted tail) from a tiling at its own row.
+template <class Traits, bool kDense, class Tma, class GTensor, class STensor, class GBlocks,
+          class SStages, class Pipeline>
+__device__ __forceinline__ void load_key_block(
+    FwdParams const& p, TmaRows<Traits::kBlockN> const& rows, int head_kv, Tma const& tma,
+    GTensor const& m, STensor const& s, GBlocks const& in_order, SStages const& stages,
+    Pipeline& pipeline, typename Pipeline::PipelineState& state, int n_block) {
+  using namespace cute;
+  pipeline.producer_acquire(state);
+  auto& barrier = *pipeline.producer_get_barrier(state);
+  if (kDense || rows.in_order(p, n_block)) {
+    copy(tma.with(barrier), in_order(_, n_block), stages(_, state.index()));
+  } else {
+    const int2 at = rows.key_block(p, n_block);
+    copy(tma.with(barrier), get<0>(tma_key_blocks<Traits>(tma, m, s, head_kv, at.x, at.y))(_, 0),
+         stages(_, state.index()));
+  }
+  ++state;
+}
+
+// The producer (warpgroup 0's first thread): hands each tile's index to the consumers, then loads
+// the tile's Q once (each consumer's 64-row slab) and streams its key blocks' K and V, K one block
+// ahead of V: the consumers need K of block n before V of block n + 1.
+template <class Traits, class Mask, bool kDense, class Tmas>
+__device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tmas,
+                                             typename Traits::SharedStorage& smem,
+                                             FwdScheduler<Traits, Mask, kDense> const& scheduler,
+                                             TileHandoff& handoff,
+                                             typename Traits::PipelineKV& pipeline_k,
+                                             typename Traits::PipelineKV& pipeline_v) {
+  using namespace cute;
+  using Pipeline = typename Traits::PipelineKV;
+  using HD = typename Traits::HD;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kConsumers = Traits::kConsumers;
+  using KV = typename Traits::SmemLayoutKV;
+  using QLayout = typename Traits::SmemLayoutQ;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});  // (64, HD, kConsumers)
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, PIPE)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, PIPE)
+  // (rows, HD, heads, slots) of the TMA views; K's and V's of the KV heads
+  Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
+  Tensor mK = tmas.k.get_tma_tensor(
+      make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
+  Tensor mV = tmas.v.get_tma_tensor(
+      make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
+  auto k_state = cutlass::make_producer_start_state<Pipeline>();
+  auto v_state = cutlass::make_producer_start_state<Pipeline>();
+  int q_loads = 0;
+  for (int t = 0, index = blockIdx.x;; ++t, index = next_tile(p, index)) {
+    handoff.send(t, index);
+    if (index >= scheduler.tiles) break;
+    const FwdWork<Traits, Mask> w = scheduler.work(p, index);
+    if (!w.has_keys()) continue;
+    const int head_kv = w.tile.head / (p.heads / p.heads_kv);
+    Tensor gQ = local_tile(
+        domain_offset(make_coord(w.rows.q_row0, _0{}), mQ(_, _, w.tile.head, w.rows.q_slot)),
+        Shape<_64, HD>{}, make_coord(_, _0{}));  // (64, HD, slabs)
+    auto [tQgQ, tQsQ] = tma_partition(tmas.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                      group_modes<0, 2>(gQ));  // (TMA, slabs), (TMA, kConsumers)
+    auto [tKgK, tKsK] = tma_key_blocks<Traits>(tmas.k, mK, sK, head_kv, w.rows.k_row0,
+                                               w.rows.k_slot);  // (TMA, blocks), (TMA, PIPE)
+    auto [tVgV, tVsV] = tma_key_blocks<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_row0,
+                                               w.rows.k_slot);  // (TMA, blocks), (TMA, PIPE)
+
+    int n_block = w.n_last;
+    load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.k, mK, sK, tKgK, tKsK, pipeline_k,
+                                   k_state, n_block);
+    // Q's buffer is free once the consumers are done with the previous Q (and, without an own
+    // output buffer, with the output staged over it).
+    if (q_loads > 0) Barrier::wait(&smem.q_free, (q_loads - 1) & 1);
+    ++q_loads;
+    TxBarrier::arrive_and_expect_tx(&smem.q_full, kConsumers * Traits::kSlabBytes);
+    CUTE_UNROLL
+    for (int c = 0; c < kConsumers; ++c) {
+      copy(tmas.q.with(smem.q_full), tQgQ(_, w.tile.m_block * kConsumers + c), tQsQ(_, c));
+    }
+    while (n_block >= w.n_first) {
+      const int next = w.below(n_block);
+      if (next >= w.n_first) {
+        load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.k, mK, sK, tKgK, tKsK,
+                                       pipeline_k, k_state, next);
+      }
+      load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.v, mV, sV, tVgV, tVsV, pipeline_v,
+                                     v_state, n_block);
+      n_block = next;
+    }
+  }
+}
+
+// Ping-pong: consumer c issues its GEMMs between waiting on turn c and passing turn c + 1. In
+// each tile the last consumer opens the first turn; every consumer has the same number of turns,
+// so the last one skips passing on its final turn, which leaves no barrier with a pending arrival
+// at the tile's end. Without ping-pong, no turns.
+template <class Traits>
+struct GemmTurns {
+  int consumer;
+
+  __device__ __forceinline__ void open() const {
+    if constexpr (Traits::kPingpong) {
+      if (consumer == Traits::kConsumers - 1) named_arrive(kTurnBarrier, 256);
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (Traits::kPingpong) named_sync(kTurnBarrier + consumer, 256);
+  }
+  __device__ __forceinline__ void pass(bool final_turn) const {
+    if constexpr (Traits::kPingpong) {
+      if (!(final_turn && consumer == Traits::kConsumers - 1)) {
+        named_arrive(kTurnBarrier + (consumer + 1) % Traits::kConsumers, 256);
+      }
+    }
+  }
+};
+
+// The softmax of one consumer's 64 rows of a tile: on each key block's scores the score modifier
+// and the mask, then the online softmax, then dropout on the probabilities (after the row sums
+// saw them all); at the end the division by the row sums and dropout's scale.
+template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense>
+struct FwdSoftmax {
+  // A copy, not a reference to the consumer's: with a reference ptxas emits the mask with
+  // inverted predicates in the dense kernel and 8 more instructions in the general one.
+  FwdWork<Traits, Mask> const w;
+  int row0;  // the consumer's first query row
+  ScoreMod score_mod;
+  Dropout dropout;
+  OnlineSoftmax online;
+
+  __device__ __forceinline__ FwdSoftmax(FwdParams const& p, FwdWork<Traits, Mask> const& w,
+                                        int row0)
+      : w(w), row0(row0), score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset),
+        dropout(p, w.tile.batch, w.tile.head), online(p.scale_log2) {}
+
+  // tSrS: (MMA, MMA_M, MMA_N) scores of key block n_block -> probabilities; tScS: their (row,
+  // key) in the tile. rescale[r]: what the output's row r accumulated so far is multiplied by.
+  template <bool kFirst, class Scores, class Coords>
+  __device__ __forceinline__ void step(Scores& tSrS, Coords const& tScS, int n_block,
+                                       float (&rescale)[2]) {
+    using namespace cute;
+    const int col0 = n_block * Traits::kBlockN;
+    if (const int shift = w.rows.shift(n_block); !kDense && shift != 0) {
+      apply_score_mod(score_mod, tSrS, tScS, row0, col0 + shift);
+      apply_mask(KeysFrom<Mask>{w.mask, col0}, tSrS, tScS, row0, col0 + shift);
+    } else {
+      apply_score_mod(score_mod, tSrS, tScS, row0, col0);
+      if (w.mask.template tile_needs_mask<Traits::kBlockM, Traits::kBlockN>(w.tile.m_block,
+                                                                            n_block)) {
+        apply_mask_one_row_group<Traits::kBlockN>(w.mask, tSrS, tScS, row0, col0);
+      }
+    }
+    online.template update<kFirst>(tSrS, rescale);
+    if constexpr (Dropout::kEnabled) {
+      const int shift = kDense ? 0 : w.rows.shift(n_block);
+      Tensor probs = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));   // (2, cols)
+      Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));  // (2, cols)
+      for_each_dropout_decision(dropout, coords, row0, col0 + shift, [&](int r, int c, bool keep) {
+        probs(r, c) = keep ? probs(r, c) : 0.f;
+      });
+    }
+  }
+
+  // tOrO: (MMA, MMA_M, MMA_N) the output accumulator; lse[r]: row r's natural-log sum.
+  template <class Acc>
+  __device__ __forceinline__ void finish(Acc& tOrO, float (&lse)[2]) {
+    online.finish(tOrO, lse);
+    if constexpr (Dropout::kEnabled) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= dropout.scale;
+    }
+  }
+};
+
+// The consumer mainloop of one tile with keys: per key block, S = Q K^T, the softmax, and
+// O += P V, on the K and V rings; release_q() after the thread's last QK^T. With kOverlap, block
+// n's QK^T and block n + 1's PV go out together, and the softmax of block n runs while the PV is
+// still on the tensor cores; else each GEMM is waited for in turn.
+// tSrQ: (MMA, MMA_M, MMA_K) and tSrK: (MMA, MMA_N, MMA_K, PIPE) descriptors; tOrV: (MMA, MMA_N,
+// MMA_K, PIPE) descriptors of V^T; tSrS: (MMA, MMA_M, MMA_N) fp32 scores and tSrP the same in
+// 16 bits, seen by tOrP as PV's A operand (MMA, MMA_M, MMA_K); tOrO: (MMA, MMA_M, MMA_N) fp32.
+template <class Traits, class Work, class Softmax, class MmaS, class MmaO, class FragQ,
+          class FragK, class FragV, class AccS, class FragP, class FragPA, class AccO,
+          class Coords, class ReleaseQ>
+__device__ __forceinline__ void fwd_mainloop(
+    Work const& w, GemmTurns<Traits> turns, typename Traits::PipelineKV& pipeline_k,
+    typename Traits::PipelineKV& pipeline_v, typename Traits::PipelineKV::PipelineState& k_state,
+    typename Traits::PipelineKV::PipelineState& v_state, Softmax& softmax, MmaS& mma_s,
+    MmaO& mma_o, FragQ const& tSrQ, FragK const& tSrK, FragV const& tOrV, AccS& tSrS,
+    FragP& tSrP, FragPA const& tOrP, AccO& tOrO, Coords const& tScS, ReleaseQ release_q) {
+  using namespace cute;
+  float rescale[2];
+  int n_block = w.n_last;
+  turns.wait();
+  pipeline_k.consumer_wait(k_state);
+  warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+  turns.pass(!Traits::kOverlap && w.n_last == w.n_first);
+  warpgroup_wait<0>();
+  pipeline_k.consumer_release(k_state);
+  ++k_state;
+  softmax.template step<true>(tSrS, tScS, n_block, rescale);
+  if (!Traits::kOverlap && n_block == w.n_first) release_q();
+
+  if constexpr (Traits::kOverlap) {
+    convert_into(tSrP, tSrS);
+    for (n_block = w.below(n_block); n_block >= w.n_first; n_block = w.below(n_block)) {
+      turns.wait();
+      pipeline_k.consumer_wait(k_state);
+      warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+      pipeline_v.consumer_wait(v_state);
+      warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+      turns.pass(false);
+      warpgroup_wait<1>();
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      softmax.template step<false>(tSrS, tScS, n_block, rescale);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+      scale_rows(tOrO, rescale);
+      convert_into(tSrP, tSrS);
+    }
+    release_q();
+    turns.wait();
+    pipeline_v.consumer_wait(v_state);
+    warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+    turns.pass(true);
+    warpgroup_wait<0>();
+    pipeline_v.consumer_release(v_state);
+    ++v_state;
+  } else {
+    for (;;) {
+      convert_into(tSrP, tSrS);
+      pipeline_v.consumer_wait(v_state);
+      warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
+      warpgroup_wait<0>();
+      pipeline_v.consumer_release(v_state);
+      ++v_state;
+      n_block = w.below(n_block);
+      if (n_block < w.n_first) break;
+      turns.wait();
+      pipeline_k.consumer_wait(k_state);
+      warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
+      turns.pass(n_block == w.n_first);
+      warpgroup_wait<0>();
+      if (n_block == w.n_first) release_q();
+      pipeline_k.consumer_release(k_state);
+      ++k_state;
+      softmax.template step<false>(tSrS, tScS, n_block, rescale);
+      scale_rows(tOrO, rescale);
+    }
+  }
+}
+
+// The epilogue of one consumer's 64 rows of a tile: lse, (batch, heads, seqlen_q), from the first
+// thread of each quad (its two rows'); O: registers -> this consumer's rows of the output buffer
+// (its own, or Q's once its last QK^T has read them) -> global by TMA, which drops the rows past
+// the tensor's. A packed sequence's last slab would spill into the next sequence's rows: its
+// threads store the rows inside the sequence themselves. tOrO: (MMA, MMA_M, MMA_N) fp32, divided
+// by the row sums; tScS: (MMA, MMA_M, MMA_N) the scores' (row, key) coordinates.
+template <class Traits, bool kDense, class Work, class Tmas, class Store, class AccO,
+          class FragOut, class SOut, class GOut, class Coords>
+__device__ __forceinline__ void fwd_epilogue(FwdParams const& p, Tmas const& tmas,
+                                             typename Traits::SharedStorage& smem, Work const& w,
+                                             int consumer, int thread, int row0,
+                                             Store const& store, AccO const& tOrO,
+                                             FragOut& tOrO_out, SOut const& sO, GOut const& mO,
+                                             Coords const& tScS, float const (&lse)[2]) {
+  using namespace cute;
+  using HD = typename Traits::HD;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kConsumers = Traits::kConsumers;
+  if (thread % 4 == 0) {
+    Tensor rows = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));  // (2, cols)
+    float* lse_rows = p.softmax_lse + w.seq.row_stats_offset(p.heads, w.tile.head);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + get<0>(rows(r, 0));
+      if (row < w.seq.seqlen_q) lse_rows[row] = lse[r];
+    }
+  }
+
+  auto thr_store = store.get_thread_slice(thread);
+  convert_into(tOrO_out, tOrO);
+  // The previous tile's store of the same rows must have read them. In Q's buffer the next Q
+  // load waited for that, except after a tile without keys, which loaded no Q.
+  if (Traits::kOwnOutputBuffer || !w.has_keys()) {
+    if (Traits::kOwnOutputBuffer && thread == 0) tma_store_wait<0>();
+    named_sync(kEpilogueBarrier + consumer, 128);
+  }
+  copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sO(_, _, consumer)));
+  const bool partial_slab = !kDense && w.seq.packed && row0 + 64 > w.seq.seqlen_q;
+  if (partial_slab) {
+    named_sync(kEpilogueBarrier + consumer, 128);
+    store_rows<Traits::kHeadDim>(sO(_, _, consumer), p, w.seq, w.tile.head, row0, thread);
+    if constexpr (!Traits::kOwnOutputBuffer) {
+      named_sync(kEpilogueBarrier + consumer, 128);  // every thread has read the rows
+      if (thread == 0 && w.has_keys()) Barrier::arrive(&smem.q_free);
+    }
+    return;
+  }
+  cutlass::arch::fence_view_async_shared();
+  named_sync(kEpilogueBarrier + consumer, 128);
+  if (thread == 0) {
+    Tensor gO = local_tile(
+        domain_offset(make_coord(w.rows.q_row0, _0{}), mO(_, _, w.tile.head, w.rows.q_slot)),
+        Shape<_64, HD>{}, make_coord(_, _0{}));  // (64, HD, slabs)
+    auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                      group_modes<0, 2>(gO));  // (TMA, slabs), (TMA, kConsumers)
+    copy(tmas.o, tOsO(_, consumer), tOgO(_, w.tile.m_block * kConsumers + consumer));
+    tma_store_arrive();
+    if constexpr (!Traits::kOwnOutputBuffer) {
+      tma_store_wait<0>();
+      if (w.has_keys()) Barrier::arrive(&smem.q_free);
+    }
+  }
+}
+
+// A consumer warpgroup: 64 query rows of each tile the producer hands it.
+template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
+__device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tmas,
+                                             typename Traits::SharedStorage& smem,
+                                             FwdScheduler<Traits, Mask, kDense> const& scheduler,
+                                             TileHandoff& handoff, int consumer,
+                                             typename Traits::PipelineKV& pipeline_k,
+                                             typename Traits::PipelineKV& pipeline_v) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockN = Traits::kBlockN;
+  using HD = typename Traits::HD;
+  const int thread = threadIdx.x % 128;
+  using QLayout = typename Traits::SmemLayoutQ;
+  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});  // (64, HD, kConsumers)
+  using KvLayout = typename Traits::SmemLayoutKV;
+  using VtLayout = typename Traits::SmemLayoutVt;  // V's bytes as PV's B operand, V^T
+  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KvLayout{});   // (BLK_N, HD, PIPE)
+  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), VtLayout{});  // (HD, BLK_N, PIPE)
+
+  typename Traits::TiledMmaS mma_s;
+  typename Traits::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(thread);
+  auto thr_o = mma_o.get_thread_slice(thread);
+  Tensor tSrQ = thr_s.partition_fragment_A(sQ(_, _, consumer));  // (MMA, MMA_M, MMA_K)
+  Tensor tSrK = thr_s.partition_fragment_B(sK);                  // (MMA, MMA_N, MMA_K, PIPE)
+  Tensor tOrV = thr_o.partition_fragment_B(sVt);                 // (MMA, MMA_N, MMA_K, PIPE)
+  Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
+  Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, HD>{});            // (MMA, MMA_M, MMA_N)
+  Tensor tSrP = make_tensor<Element>(tSrS.layout());                      // (MMA, MMA_M, MMA_N)
+  Tensor tOrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));  // (MMA, MMA_M, MMA_K)
+  // (MMA, MMA_M, MMA_N) -> (row, key) in the tile
+  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<_64, Int<kBlockN>>{}));
+  // The epilogue's: O in 16 bits, (MMA, MMA_M, MMA_N); its stmatrix copy; O's staging buffer
+  // (its own, or Q's), (64, HD, kConsumers); the TMA view of o, (rows, HD, heads, slots).
+  Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
+  auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
+  auto output_buffer = [&] {
+    if constexpr (Traits::kOwnOutputBuffer) return smem.o.data(); else return smem.q.data();
+  };
+  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), QLayout{});  // (64, HD, kConsumers)
+  Tensor mO = tmas.o.get_tma_tensor(
+      make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));  // (rows, HD, heads, slots)
+
+  const GemmTurns<Traits> turns{consumer};
+  typename Traits::PipelineKV::PipelineState k_state, v_state;
+  int q_loads = 0;
+  for (int t = 0;; ++t) {
+    const int index = handoff.receive(t);
+    if (index >= scheduler.tiles) break;
+    const FwdWork<Traits, Mask> w = scheduler.work(p, index);
+    if (w.past_end) continue;
+    const int row0 = w.tile.m_block * Traits::kBlockM + consumer * 64;
+    FwdSoftmax<Traits, Mask, ScoreMod, Dropout, kDense> softmax(p, w, row0);
+    clear(tOrO);
+    if (w.has_keys()) {
+      turns.open();
+      TxBarrier::wait(&smem.q_full, q_loads++ & 1);
+      // After this thread's last QK^T: with an own output buffer every consumer thread frees Q.
+      auto release_q = [&] {
+        if constexpr (Traits::kOwnOutputBuffer) Barrier::arrive(&smem.q_free);
+      };
+      fwd_mainloop<Traits>(w, turns, pipeline_k, pipeline_v, k_state, v_state, softmax, mma_s,
+                           mma_o, tSrQ, tSrK, tOrV, tSrS, tSrP, tOrP, tOrO, tScS, release_q);
+    }
+    float lse[2];
+    softmax.finish(tOrO, lse);
+    fwd_epilogue<Traits, kDense>(p, tmas, smem, w, consumer, thread, row0, store, tOrO,
+                                 tOrO_out, sO, mO, tScS, lse);
+  }
+  // Shared memory must outlive the reads of the last store.
+  if (thread == 0) tma_store_wait<0>();
+}
+
+// Warp specialised: warpgroup 0's first thread produces (fwd_producer), every other warpgroup
+// consumes (fwd_consumer). kDense: the dense-only instantiation; packed batches and KV caches
+// cost dense calls 1-3% (H100) in run-time branches, hence an instantiation of their own.
+template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+  using Pipeline = typename Traits::PipelineKV;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ char smem_bytes[];
+  auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
+
+  const FwdScheduler<Traits, Mask, kDense> scheduler(p);
   const int warpgroup = cutlass::canonical_warp_group_idx();
   const bool producer_thread = threadIdx.x == 0;
 
@@ -247,8 +673,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                                     : Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = producer_thread;
   pipe_params.num_consumers = Traits::kConsumerThreads;
-  Pipeline pipeline_k(smem.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
-  Pipeline pipeline_v(smem.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+  Pipeline pipeline_k(smem.pipeline_k, pipe_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+  Pipeline pipeline_v(smem.pipeline_v, pipe_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
   TileHandoff handoff{smem.tile_slots};
   if (producer_thread) {
     handoff.init(Traits::kConsumerThreads);
@@ -256,314 +682,24 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // buffer every consumer thread frees Q after its last QK^T; without, each consumer's storing
     // thread once its store has read the rows.
     TxBarrier::init(&smem.q_full, 1);
-    Barrier::init(&smem.q_free, Traits::kOwnOutputBuffer ? Traits::kConsumerThreads : kConsumers);
-    prefetch_tma_descriptor(tmas.q.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.k.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.v.get_tma_descriptor());
-    prefetch_tma_descriptor(tmas.o.get_tma_descriptor());
+    Barrier::init(&smem.q_free,
+                  Traits::kOwnOutputBuffer ? Traits::kConsumerThreads : Traits::kConsumers);
+    prefetch_tma_descriptors(tmas.q, tmas.k, tmas.v, tmas.o);
   }
   cutlass::arch::fence_barrier_init();
   __syncthreads();
 
-  Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
-  Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
-  auto output_buffer = [&] {
-    if constexpr (Traits::kOwnOutputBuffer) return smem.o.data(); else return smem.q.data();
-  };
-  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), typename Traits::SmemLayoutQ{});
-
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
-    if (!producer_thread) return;
-
-    Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
-    Tensor mK =
-        tmas.k.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
-    Tensor mV =
-        tmas.v.get_tma_tensor(make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));
-    auto k_state = cutlass::make_producer_start_state<Pipeline>();
-    auto v_state = cutlass::make_producer_start_state<Pipeline>();
-    int q_loads = 0;
-    for (int t = 0, index = blockIdx.x;; ++t, index = next_tile(p, index)) {
-      handoff.send(t, index);
-      if (index >= tiles) break;
-      const Work w = work_of(index);
-      if (!w.has_keys()) continue;
-      const int head_kv = w.tile.head / (p.heads / p.heads_kv);
-      // (64-row slab, head dim, slabs) of this head's queries.
-      Tensor gQ = local_tile(
-          domain_offset(make_coord(w.rows.q_row0, _0{}), mQ(_, _, w.tile.head, w.rows.q_slot)),
-          Shape<_64, HD>{}, make_coord(_, _0{}));
-      auto [tQgQ, tQsQ] = tma_partition(tmas.q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                        group_modes<0, 2>(gQ));
-      // (block_n, head dim, blocks) of this head's keys or values (the tma's tensor m) from
-      // `row` of `slot`, partitioned for the tma: the sequence's blocks in order, and where a
-      // block lies elsewhere (a page, a shifted tail), a tiling from its own row.
-      auto key_blocks = [&](auto const& tma, auto const& m, auto const& s, int row, int slot) {
-        return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s),
-                             group_modes<0, 2>(local_tile(
-                                 domain_offset(make_coord(row, _0{}), m(_, _, head_kv, slot)),
-                                 Shape<Int<kBlockN>, HD>{}, make_coord(_, _0{}))));
-      };
-      auto [tKgK, tKsK] = key_blocks(tmas.k, mK, sK, w.rows.k_row0, w.rows.k_slot);
-      auto [tVgV, tVsV] = key_blocks(tmas.v, mV, sV, w.rows.k_row0, w.rows.k_slot);
-      // Key block n_block of K or V into the ring's next stage.
-      auto load_key_block = [&](auto const& tma, auto const& m, auto const& s,
-                                auto const& g_in_order, auto const& stages, Pipeline& pipeline,
-                                auto& state, int n_block) {
-        pipeline.producer_acquire(state);
-        auto& barrier = *pipeline.producer_get_barrier(state);
-        if (kDense || w.rows.in_order(p, n_block)) {
-          copy(tma.with(barrier), g_in_order(_, n_block), stages(_, state.index()));
-        } else {
-          const int2 at = w.rows.key_block(p, n_block);
-          copy(tma.with(barrier), get<0>(key_blocks(tma, m, s, at.x, at.y))(_, 0),
-               stages(_, state.index()));
-        }
-        ++state;
-      };
-
-      int n_block = w.n_last;
-      load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, n_block);
-      // Q's buffer is free once the consumers are done with the previous Q (and, without an own
-      // output buffer, with the output staged over it).
-      if (q_loads > 0) Barrier::wait(&smem.q_free, (q_loads - 1) & 1);
-      ++q_loads;
-      TxBarrier::arrive_and_expect_tx(&smem.q_full, kConsumers * Traits::kSlabBytes);
-      CUTE_UNROLL
-      for (int c = 0; c < kConsumers; ++c) {
-        copy(tmas.q.with(smem.q_full), tQgQ(_, w.tile.m_block * kConsumers + c), tQsQ(_, c));
-      }
-      // K one block ahead of V: the consumers need K of block n before V of block n + 1.
-      while (n_block >= w.n_first) {
-        const int next = w.below(n_block);
-        if (next >= w.n_first) {
-          load_key_block(tmas.k, mK, sK, tKgK, tKsK, pipeline_k, k_state, next);
-        }
-        load_key_block(tmas.v, mV, sV, tVgV, tVsV, pipeline_v, v_state, n_block);
-        n_block = next;
-      }
+    if (producer_thread) {
+      fwd_producer<Traits, Mask, kDense>(p, tmas, smem, scheduler, handoff, pipeline_k,
+                                         pipeline_v);
     }
     return;
   }
-
-  // A consumer warpgroup: 64 query rows of each tile.
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  const int thread = threadIdx.x % 128;
-
-  typename Traits::TiledMmaS mma_s;
-  typename Traits::TiledMmaO mma_o;
-  auto thr_s = mma_s.get_thread_slice(thread);
-  auto thr_o = mma_o.get_thread_slice(thread);
-  Tensor tSrQ = thr_s.partition_fragment_A(sQ(_, _, consumer));  // descriptors
-  Tensor tSrK = thr_s.partition_fragment_B(sK);
-  Tensor tOrV = thr_o.partition_fragment_B(sVt);
-  Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});
-  Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, HD>{});
-  Tensor tSrP = make_tensor<Element>(tSrS.layout());
-  Tensor tOrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));
-  Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<_64, Int<kBlockN>>{}));
-  Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
-  auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
-  auto thr_store = store.get_thread_slice(thread);
-  Tensor mO = tmas.o.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
-
-  // Ping-pong: consumer c issues its GEMMs between waiting on turn c and passing turn c + 1. In
-  // each tile the last consumer opens the first turn; every consumer has the same number of
-  // turns, so the last one skips passing on its final turn, which leaves no barrier with a
-  // pending arrival at the tile's end.
-  auto wait_turn = [&] {
-    if constexpr (Traits::kPingpong) named_sync(kTurnBarrier + consumer, 256);
-  };
-  auto pass_turn = [&](bool final_turn) {
-    if constexpr (Traits::kPingpong) {
-      if (!(final_turn && consumer == kConsumers - 1)) {
-        named_arrive(kTurnBarrier + (consumer + 1) % kConsumers, 256);
-      }
-    }
-  };
-
-  typename Pipeline::PipelineState k_state, v_state;
-  int q_loads = 0;
-  for (int t = 0;; ++t) {
-    const int index = handoff.receive(t);
-    if (index >= tiles) break;
-    const Work w = work_of(index);
-    if (w.past_end) continue;
-    const int row0 = w.tile.m_block * kBlockM + consumer * 64;
-    const ScoreMod score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset);
-    const Dropout dropout(p, w.tile.batch, w.tile.head);
-    // The score modifier, then the mask, on key block n_block's scores.
-    auto masked = [&](int n_block) {
-      const int col0 = n_block * kBlockN;
-      if (const int shift = w.rows.shift(n_block); !kDense && shift != 0) {
-        apply_score_mod(score_mod, tSrS, tScS, row0, col0 + shift);
-        apply_mask(KeysFrom<Mask>{w.mask, col0}, tSrS, tScS, row0, col0 + shift);
-      } else {
-        apply_score_mod(score_mod, tSrS, tScS, row0, col0);
-        if (w.mask.template tile_needs_mask<kBlockM, kBlockN>(w.tile.m_block, n_block)) {
-          apply_mask_one_row_group<kBlockN>(w.mask, tSrS, tScS, row0, col0);
-        }
-      }
-    };
-    // Dropout on key block n_block's probabilities, after the softmax's row sums saw them all.
-    auto dropped = [&](int n_block) {
-      if constexpr (Dropout::kEnabled) {
-        const int shift = kDense ? 0 : w.rows.shift(n_block);
-        Tensor probs = make_tensor(tSrS.data(), rows_by_cols(tSrS.layout()));
-        Tensor coords = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
-        for_each_dropout_decision(dropout, coords, row0, n_block * kBlockN + shift,
-                                  [&](int r, int c, bool keep) {
-                                    probs(r, c) = keep ? probs(r, c) : 0.f;
-                                  });
-      }
-    };
-    OnlineSoftmax softmax(p.scale_log2);
-    float rescale[2];
-    clear(tOrO);
-    // After this thread's last QK^T of a tile with keys.
-    auto release_q = [&] {
-      if constexpr (Traits::kOwnOutputBuffer) Barrier::arrive(&smem.q_free);
-    };
-
-    if (w.has_keys()) {
-      if constexpr (Traits::kPingpong) {
-        if (consumer == kConsumers - 1) named_arrive(kTurnBarrier, 256);
-      }
-      TxBarrier::wait(&smem.q_full, q_loads++ & 1);
-
-      int n_block = w.n_last;
-      wait_turn();
-      pipeline_k.consumer_wait(k_state);
-      warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-      pass_turn(!Traits::kOverlap && w.n_last == w.n_first);
-      warpgroup_wait<0>();
-      pipeline_k.consumer_release(k_state);
-      ++k_state;
-      masked(n_block);
-      softmax.update<true>(tSrS, rescale);
-      dropped(n_block);
-      if (!Traits::kOverlap && n_block == w.n_first) release_q();
-
-      if constexpr (Traits::kOverlap) {
-        // Block n's QK^T and block n + 1's PV go out together; the softmax of block n runs
-        // while the PV is still on the tensor cores.
-        convert_into(tSrP, tSrS);
-        for (n_block = w.below(n_block); n_block >= w.n_first; n_block = w.below(n_block)) {
-          wait_turn();
-          pipeline_k.consumer_wait(k_state);
-          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-          pipeline_v.consumer_wait(v_state);
-          warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-          pass_turn(false);
-          warpgroup_wait<1>();
-          pipeline_k.consumer_release(k_state);
-          ++k_state;
-          masked(n_block);
-          softmax.update<false>(tSrS, rescale);
-          dropped(n_block);
-          warpgroup_wait<0>();
-          pipeline_v.consumer_release(v_state);
-          ++v_state;
-          scale_rows(tOrO, rescale);
-          convert_into(tSrP, tSrS);
-        }
-        release_q();
-        wait_turn();
-        pipeline_v.consumer_wait(v_state);
-        warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-        pass_turn(true);
-        warpgroup_wait<0>();
-        pipeline_v.consumer_release(v_state);
-        ++v_state;
-      } else {
-        // In turn: QK^T, softmax, PV, each waited for.
-        for (;;) {
-          convert_into(tSrP, tSrS);
-          pipeline_v.consumer_wait(v_state);
-          warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
-          warpgroup_wait<0>();
-          pipeline_v.consumer_release(v_state);
-          ++v_state;
-          n_block = w.below(n_block);
-          if (n_block < w.n_first) break;
-          wait_turn();
-          pipeline_k.consumer_wait(k_state);
-          warpgroup_gemm<true>(mma_s, tSrQ, tSrK(_, _, _, k_state.index()), tSrS);
-          pass_turn(n_block == w.n_first);
-          warpgroup_wait<0>();
-          if (n_block == w.n_first) release_q();
-          pipeline_k.consumer_release(k_state);
-          ++k_state;
-          masked(n_block);
-          softmax.update<false>(tSrS, rescale);
-          dropped(n_block);
-          scale_rows(tOrO, rescale);
-        }
-      }
-    }
-
-    float lse[2];
-    softmax.finish(tOrO, lse);
-    if constexpr (Dropout::kEnabled) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= dropout.scale;
-    }
-
-    // lse: (batch, heads, seqlen_q); the first thread of each quad holds its two rows'.
-    if (thread % 4 == 0) {
-      Tensor rows = make_tensor(tScS.data(), rows_by_cols(tScS.layout()));
-      float* lse_rows = p.softmax_lse + w.seq.row_stats_offset(p.heads, w.tile.head);
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + get<0>(rows(r, 0));
-        if (row < w.seq.seqlen_q) lse_rows[row] = lse[r];
-      }
-    }
-
-    // O: registers -> this consumer's rows of the output buffer (its own, or Q's once its last
-    // QK^T has read them) -> global by TMA, which drops the rows past the tensor's. A packed
-    // sequence's last slab would spill into the next sequence's rows: its threads store the
-    // rows inside the sequence themselves.
-    convert_into(tOrO_out, tOrO);
-    // The previous tile's store of the same rows must have read them. In Q's buffer the next
-    // Q load waited for that, except after a tile without keys, which loaded no Q.
-    if (Traits::kOwnOutputBuffer || !w.has_keys()) {
-      if (Traits::kOwnOutputBuffer && thread == 0) tma_store_wait<0>();
-      named_sync(kEpilogueBarrier + consumer, 128);
-    }
-    copy(store, thr_store.retile_S(tOrO_out), thr_store.partition_D(sO(_, _, consumer)));
-    const bool partial_slab = !kDense && w.seq.packed && row0 + 64 > w.seq.seqlen_q;
-    if (partial_slab) {
-      named_sync(kEpilogueBarrier + consumer, 128);
-      store_rows<Traits::kHeadDim>(sO(_, _, consumer), p, w.seq, w.tile.head, row0, thread);
-      if constexpr (!Traits::kOwnOutputBuffer) {
-        named_sync(kEpilogueBarrier + consumer, 128);  // every thread has read the rows
-        if (thread == 0 && w.has_keys()) Barrier::arrive(&smem.q_free);
-      }
-      continue;
-    }
-    cutlass::arch::fence_view_async_shared();
-    named_sync(kEpilogueBarrier + consumer, 128);
-    if (thread == 0) {
-      Tensor gO = local_tile(
-          domain_offset(make_coord(w.rows.q_row0, _0{}), mO(_, _, w.tile.head, w.rows.q_slot)),
-          Shape<_64, HD>{}, make_coord(_, _0{}));
-      auto [tOgO, tOsO] = tma_partition(tmas.o, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sO),
-                                        group_modes<0, 2>(gO));
-      copy(tmas.o, tOsO(_, consumer), tOgO(_, w.tile.m_block * kConsumers + consumer));
-      tma_store_arrive();
-      if constexpr (!Traits::kOwnOutputBuffer) {
-        tma_store_wait<0>();
-        if (w.has_keys()) Barrier::arrive(&smem.q_free);
-      }
-    }
-  }
-  // Shared memory must outlive the reads of the last store.
-  if (thread == 0) tma_store_wait<0>();
+  fwd_consumer<Traits, Mask, ScoreMod, Dropout, kDense>(p, tmas, smem, scheduler, handoff,
+                                                        warpgroup - 1, pipeline_k, pipeline_v);
 }
 
 }  // namespace flashgen::hopper

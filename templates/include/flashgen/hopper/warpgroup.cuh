@@ -25,6 +25,12 @@ constexpr auto smem_atom() {
 // enough, so the split must fit in it, not in the register file (65536).
 constexpr int launch_registers(int threads) { return 65536 / threads / 8 * 8; }
 
+// Prefetches the TMA descriptors (kernel parameters) of the given copies, in order.
+template <class... Tmas>
+__device__ __forceinline__ void prefetch_tma_descriptors(Tmas const&... tmas) {
+  (cute::prefetch_tma_descriptor(tmas.get_tma_descriptor()), ...);
+}
+
 // bar.sync / bar.arrive on named barrier `id` (0 is __syncthreads) among `threads` threads.
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
