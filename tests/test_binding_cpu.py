@@ -396,6 +396,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     rows = None if paged else torch.zeros(BATCH, dtype=torch.int32)
     launcher = RecordingLauncher(DecodeParams, spec=SimpleNamespace(tile=None))
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
+    monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)  # its own kernels
     made = record_empty(monkeypatch)
     out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, table,
                              0.125, 0.0, None, 13, 0, False, splits)
