@@ -26,6 +26,8 @@ SCORE_MODS = {m.name: m for m in (
     ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "decode")),
     # ALiBi, the slopes at run time (params.h's alibi_slopes).
     ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd", "decode")),
+    # softcap, then ALiBi (FlashAttention-2 takes both at once), both at run time.
+    ScoreModKind("softcap_alibi", "flashgen::SoftcapAlibi", ("fwd", "bwd", "decode")),
     # An additive bias per score (SDPA's attn_mask), the tensor at run time (params.h's
     # attn_bias).
     ScoreModKind("bias", "flashgen::ScoreBias", ("fwd", "bwd")),

@@ -23,8 +23,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     .. i + seqlen_k - seqlen_q + right (-1: unbounded; causal sets right to 0), and the key blocks
     outside the window are never read. softcap > 0 replaces each scaled score s by
     softcap * tanh(s / softcap). alibi_slopes, fp32 (nheads,) or (batch, nheads), adds
-    -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (not with
-    softcap; the slopes get no gradient). dropout_p > 0 zeroes each attention probability with
+    -slope * |i + seqlen_k - seqlen_q - j| to the scaled score of query i and key j (after the
+    cap, with softcap; the slopes get no gradient). dropout_p > 0 zeroes each attention probability with
     that probability and scales the others by 1 / (1 - dropout_p) (training; pass 0 to evaluate):
     the mask is drawn from torch's CUDA generator (torch.manual_seed reproduces it, CUDA graphs
     draw a new one per replay) and the backward regenerates it. The causal mask is aligned to

@@ -12,8 +12,9 @@ _LOG2_E = math.log2(math.e)
 @dataclass(frozen=True, kw_only=True)  # by name: its fields grow
 class Modifiers:
     """A call's run-time arguments beyond q, k, v, the scale and the band (params.h): softcap > 0
-    caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them;
-    attn_bias adds to each (at most one of the three: flashgen/validate.py checks); a
+    caps the scores; alibi_slopes, an fp32 (heads,) or (batch, heads) device tensor, biases them
+    (after the cap, where both are given); attn_bias adds to each (alone: flashgen/validate.py
+    checks); a
     config-defined variant (codegen/variants.py) with its tensors, contiguous in its table's
     order, and, where it has a mask, the mask's block ranges (common/variant.cuh); dropout_p > 0
     drops probabilities under the Philox key in dropout_seed, a (1,) int64 device tensor
@@ -38,7 +39,7 @@ class Modifiers:
         if self.variant is not None and self.variant.score_mod:
             return self.variant.name
         if self.softcap > 0:
-            return "softcap"
+            return "softcap" if self.alibi_slopes is None else "softcap_alibi"
         if self.attn_bias is not None:
             return "bias"
         return "none" if self.alibi_slopes is None else "alibi"

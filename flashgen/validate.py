@@ -201,9 +201,6 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
     softcap = check_softcap(softcap) if softcap else 0.0
     if alibi_slopes is None:
         return Modifiers(softcap=softcap) if softcap else PLAIN
-    if softcap:
-        raise NotImplementedError("flashgen: softcap and alibi_slopes together are not supported; "
-                                  "pass one of them")
     if not isinstance(alibi_slopes, torch.Tensor):
         raise TypeError(f"flashgen: alibi_slopes must be a torch.Tensor, got "
                         f"{type(alibi_slopes).__name__}")
@@ -219,7 +216,7 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
                          f"{tuple(alibi_slopes.shape)}")
     if alibi_slopes.stride(-1) != 1:
         alibi_slopes = alibi_slopes.contiguous()
-    return Modifiers(alibi_slopes=alibi_slopes)
+    return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes)
 
 
 def attn_bias(attn_mask, q, seqlen_k: int):

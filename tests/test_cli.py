@@ -30,31 +30,32 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
                                                                      "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
-    # 3 masks; forward and backward kernels x 4 score modifiers (none, softcap, alibi, bias), decode
-    # none, softcap and alibi; then the config's variants at head dims 64 and 128: 7 masks
+    # 3 masks; forward and backward kernels x 5 score modifiers (none, softcap, alibi,
+    # softcap_alibi, bias), decode all but bias; then the config's variants at head dims 64 and 128: 7 masks
     # (block_sparse, document, head_window, prefix_lm, and relative_bias under each of the 3) x 2
     # dtypes.
     # 6 head dims + 3 alt tiles, x 2 dtypes; the built-in ones twice (with dropout), and document's
     # (its table sets dropout = true: head dims 64 and 128, main and alt tile, 2 dtypes)
-    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 4 * 2 + 7 * 2 * 2 * 2 + 8
-    assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
+    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 5 * 2 + 7 * 2 * 2 * 2 + 8
+    assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 5 * 2 + 7 * 2 * 2 + 4
     # mma (2 kinds x 2 archs x 6 head dims + 5 alt tiles), the hopper forward (5 head dims x 3
-    # masks + 2 causal alt tiles) and backward (5 head dims x 3 masks) x 2 dtypes x 4 score
+    # masks + 2 causal alt tiles) and backward (5 head dims x 3 masks) x 2 dtypes x 5 score
     # modifiers; document's on both families and archs
-    assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 4 + (5 * 3 + 2) * 2 * 4
-                                           + 5 * 3 * 2 * 4 + 32)
+    assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 5 + (5 * 3 + 2) * 2 * 5
+                                           + 5 * 3 * 2 * 5 + 32)
     # head dims 64 and 128 x (main + prefill alt tile) and head dim 256's main tile, x 2 dtypes x 3
-    # masks x 3 score modifiers; document's, head_window's and relative_bias's (decode = true: 2 +
+    # masks x 4 score modifiers; document's, head_window's and relative_bias's (decode = true: 2 +
     # 3 masks) of head dims 64's and 128's tiles
-    assert manifest.count('"name": "decode_mma_sm90_') == 5 * 2 * 3 * 3 + 4 * 2 * 5
+    assert manifest.count('"name": "decode_mma_sm90_') == 5 * 2 * 3 * 4 + 4 * 2 * 5
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
-    assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 4 * 2 + 7 * 2 * 2 + 2 + 4
+    assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 5 * 2 + 7 * 2 * 2 + 2 + 4
     # head dims 64, 96, 128, 192 and 256 x 2 dtypes (the variants' at 64 and 128)
-    assert manifest.count('"name": "bwd_hopper_sm90_') == 5 * 2 * 3 * 4 * 2 + 7 * 2 * 2 + 4
-    # softcap: mma forward, backward, hopper forward, backward (each twice: with dropout), decode
+    assert manifest.count('"name": "bwd_hopper_sm90_') == 5 * 2 * 3 * 5 * 2 + 7 * 2 * 2 + 4
+    # softcap, alone and with alibi: mma forward, backward, hopper forward, backward (each twice:
+    # with dropout), decode
     assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
-        (54 + 36 + 34 + 30) * 2 + 30)
+        (54 + 36 + 34 + 30) * 2 + 30) * 2
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -86,11 +87,11 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
-    # per dtype and mask 5 forward and backward kernels x 4 score modifiers, and 2 decode x 2;
-    # the variants' 6 masks x 5 kernels x 2 dtypes; the mma forward (2 tiles), backward and the
-    # hopper forward and backward with dropout x 4 x 3 x 2; document's 5 with dropout x 2; the
-    # decode kernels (2 tiles) of document, head_window and relative_bias (5 masks) x 2 dtypes
-    assert "376 kernel(s)" in out
+    # per dtype and mask (6) 5 forward and backward kernels x 5 score modifiers, twice (with
+    # dropout), and 2 decode kernels x 4 (all but bias): 348; the variants' 100 (6 masks x 5
+    # kernels x 2 dtypes; document's 5 with dropout x 2; the decode kernels (2 tiles) of
+    # document, head_window and relative_bias (5 masks) x 2 dtypes)
+    assert "448 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 
@@ -98,11 +99,11 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd"]) == 0
     out = capsys.readouterr().out
-    assert "fwd_" not in out and "128 kernel(s)" in out
+    assert "fwd_" not in out and "152 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "70 kernel(s)" in out
+    assert "_causal_" not in out and "86 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
                  "--score-mod", "softcap", "--dropout", "without"]) == 0
     out = capsys.readouterr().out

@@ -31,7 +31,7 @@ def test_default_config_declares_the_documented_head_dims():
         assert config.head_dims("mma", "fwd", arch) == [32, 64, 96, 128, 192, 256]
     assert config.head_dims("hopper", "fwd", "sm_90") == [64, 96, 128, 192, 256]
     assert config.dtypes == ("bf16", "fp16") and config.masks == ("causal", "none", "window")
-    assert config.score_mods == ("alibi", "bias", "none", "softcap")
+    assert config.score_mods == ("alibi", "bias", "none", "softcap", "softcap_alibi")
     assert [v.name for v in config.variants] == ["block_sparse", "document", "head_window",
                                                 "prefix_lm", "relative_bias"]
 

@@ -19,14 +19,15 @@ def specs():
 
 
 def test_spec_count_is_the_product_of_the_axes(specs):
-    # Forward and backward kernels x 3 masks x 4 score modifiers (none, softcap, alibi, bias): mma (2
-    # kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2 dtypes, hopper (5 forward head
+    # Forward and backward kernels x 3 masks x 5 score modifiers (none, softcap, alibi,
+    # softcap_alibi, bias): mma (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2
+    # dtypes, hopper (5 forward head
     # dims + 5 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
-    # decode kernels, which take softcap and ALiBi of the score modifiers: (2 archs x 3 head dims
-    # + 2 sm_90 alt tiles) x 2 dtypes x 3 masks x 3. The config's dropout doubles the mma family's
+    # decode kernels, which take softcap and ALiBi (and both) of them: (2 archs x 3 head dims
+    # + 2 sm_90 alt tiles) x 2 dtypes x 3 masks x 4. The config's dropout doubles the mma family's
     # forward and backward kernels and the hopper family's.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 5 * 3 * 2 * 2) * 4
-                + (2 * 3 + 2) * 2 * 3 * 3)
+    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 5 * 3 * 2 * 2) * 5
+                + (2 * 3 + 2) * 2 * 3 * 4)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (block_sparse, document, head_window, prefix_lm; relative_bias under none, causal and window)
     # 2 dtypes x mma (2 archs x
@@ -42,12 +43,13 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2) + 2 * 2 * 2 * 5
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 30) * 2) * 4 + 30 * 3 + sm_90_variants)
+        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 30) * 2) * 5 + 30 * 4 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
                                                                  ("hopper", "fwd"),
                                                                  ("hopper", "bwd")}
     assert {s.variant.name for s in specs if s.dropout and s.variant} == {"document"}
     assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap", "alibi",
+                                                                  "softcap_alibi",
                                                                   "relative_bias"}
     assert {s.variant.name for s in specs if s.variant} == {"block_sparse", "document",
                                                             "head_window", "prefix_lm",
@@ -88,7 +90,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     # as above; variants: 7 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims, document's twice (with dropout), and the decode kernels of document,
     # head_window and relative_bias (5 masks x 2 dtypes x 2 archs x 2 head dims)
-    assert len(specs) == ((2 * 2 * 6 * 4 * 2 + 2 * 3 * 3) * 2 * 3 + (5 + 5) * 2 * 2 * 3 * 4
+    assert len(specs) == ((2 * 2 * 6 * 5 * 2 + 2 * 3 * 4) * 2 * 3 + (5 + 5) * 2 * 2 * 3 * 5
                           + 8 * 2 * (2 * 2 + 2) * 2 + 5 * 2 * 2 * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
@@ -240,19 +242,20 @@ def test_hopper_backward_renders_its_traits_and_launch():
     by_mod = {s.score_mod: s for s in enumerate_specs(
         config, kinds=["bwd"], family_names=["hopper"], head_dims=[128], dtypes=["bf16"],
         masks=["none"], dropout=False)}
-    alibi, added, plain, biased, capped = (by_mod[m] for m in ("alibi", "bias", "none",
-                                                               "relative_bias", "softcap"))
+    alibi, added, plain, biased, capped, both = (
+        by_mod[m] for m in ("alibi", "bias", "none", "relative_bias", "softcap", "softcap_alibi"))
     text = render.render_spec(plain)
     assert "flashgen::hopper::BwdTraits<128, 80, 128, 2, true, cutlass::bfloat16_t>" in text
     # S^T's and dQ^T's n is 80, outside CuTe's base wgmma shapes
     assert "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in text
     # the score modifiers keep the head dim's tile (the mask's table keeps to score_mods none)
-    for spec in (alibi, added, biased, capped):
+    for spec in (alibi, added, biased, capped, both):
         assert spec.tile.block_m == 64, spec.name
     launch = "flashgen::hopper::launch_bwd<Traits, flashgen::NoMask, flashgen::"
     assert f"{launch}IdentityScore, flashgen::NoDropout>" in text
     assert f"{launch}Softcap, flashgen::NoDropout>" in render.render_spec(capped)
     assert f"{launch}Alibi, flashgen::NoDropout>" in render.render_spec(alibi)
+    assert f"{launch}SoftcapAlibi, flashgen::NoDropout>" in render.render_spec(both)
     assert f"{launch}ScoreBias, flashgen::NoDropout>" in render.render_spec(added)
     (dropped,) = enumerate_specs(config, kinds=["bwd"], family_names=["hopper"],
                                  head_dims=[128], dtypes=["bf16"], masks=["none"],

@@ -360,8 +360,6 @@ def _inputs(dtype=torch.float16):
     (lambda a: a.update(softcap=-30.0), "softcap must be a finite number >= 0"),
     (lambda a: a.update(alibi_slopes=torch.ones(3, device="cuda")),
      r"alibi_slopes must have shape \(nheads,\) = \(4,\)"),
-    (lambda a: a.update(alibi_slopes=torch.ones(4, device="cuda"), softcap=5.0),
-     "softcap and alibi_slopes together"),
     (lambda a: a.update(cache_leftpad=a["cache_seqlens"]), "cache_leftpad"),
 ])
 def test_bad_input_names_the_argument(change, message):

@@ -109,3 +109,42 @@ def test_bad_softcap_names_the_argument(softcap):
     q, k, v = make_qkv(1, 16, 16, 2, 2, 64, torch.bfloat16, False)
     with pytest.raises(ValueError, match="softcap"):
         flash_attn_func(q, k, v, softcap=softcap)
+
+
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1))],
+                         ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_softcap_with_alibi_caps_then_biases(dtype, head_dim, causal, window, each_family):
+    """FlashAttention-2 takes both: the cap, then ALiBi's bias (the softcap_alibi kernels)."""
+    from tests.gpu.test_alibi import slopes
+
+    batch, seqlen_q, seqlen_k, heads, heads_kv = SHAPES[0]
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, dtype, False)
+    q = (q.detach() * 3).requires_grad_()
+    kwargs = dict(causal=causal, window_size=window, softcap=20.0,
+                  alibi_slopes=slopes(batch, heads, per_sequence=True))
+    assert_attention_matches_reference(q, k, v, kwargs, **kwargs)
+    mask = "causal" if causal else "none"
+    dtype_name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    assert forward.kernel_for(q.device, dtype_name, head_dim, mask, batch * heads, seqlen_q,
+                              score_mod="softcap_alibi").score_mod == "softcap_alibi"
+
+
+@pytest.mark.parametrize("new_tokens", [1, 4])
+def test_kvcache_decode_caps_then_biases(new_tokens):
+    from tests.gpu.test_alibi import slopes
+    from tests.gpu.test_kvcache import Cache, reference
+
+    batch, capacity, head_dim, dtype = 3, 704, 128, torch.bfloat16
+    lengths = [capacity, 333, new_tokens]
+    cache = Cache(batch, capacity, 2, head_dim, dtype, lengths, 16)
+    q = 3 * torch.randn(batch, new_tokens, 8, head_dim, device="cuda").to(dtype)
+    alibi = slopes(batch, 8, per_sequence=False)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    out = flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                  block_table=cache.block_table, causal=True, softcap=10.0,
+                                  alibi_slopes=alibi)
+    ref, _, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v), lengths,
+                                   True, softcap=10.0, alibi_slopes=alibi)
+    assert_close_fa2(out, ref, same_dtype)

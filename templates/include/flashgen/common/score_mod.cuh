@@ -78,6 +78,37 @@ struct Alibi {
   }
 };
 
+// Softcap, then ALiBi, as FlashAttention-2 composes them: softcap * tanh(s * softmax_scale /
+// softcap) - slope * |i + offset - j|. With Softcap's factor moved into the softmax (scale_log2 is
+// softcap * log2(e)), the bias is divided by the softcap here. Only the tanh has a derivative; it
+// is recovered from the modified score by adding the bias back.
+struct SoftcapAlibi {
+  static constexpr bool kIdentity = false;
+  static constexpr bool kUnitDerivative = false;
+  static constexpr bool kReadsHead = true;
+  float prescale;  // softmax_scale / softcap
+  float slope;     // slope / softcap
+  int offset;
+
+  __device__ __forceinline__ SoftcapAlibi(AttentionParams const& p, int batch, int head,
+                                          int offset)
+      : prescale(p.softmax_scale / p.softcap),
+        slope(p.alibi_slopes[batch * p.alibi_batch_stride + head] / p.softcap),
+        offset(offset) {}
+  __device__ __forceinline__ float bias(int row, int col) const {
+    return slope * float(abs(row + offset - col));
+  }
+  __device__ __forceinline__ float apply(float score, int row, int col) const {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(score * prescale));
+    return t - bias(row, col);
+  }
+  __device__ __forceinline__ float derivative(float modified, int row, int col) const {
+    float t = modified + bias(row, col);
+    return 1.f - fminf(t * t, 1.f);
+  }
+};
+
 // SDPA's attn_mask as an additive fp32 bias per (query row, key) of each (sequence, head), divided
 // by softmax_scale here so that scale_log2 multiplies both terms; -inf hides the key. Rows and keys
 // past the sequence (a tile's padding) read nothing.
