@@ -70,8 +70,11 @@ struct Alibi {
   __device__ __forceinline__ Alibi(AttentionParams const& p, int batch, int head, int offset)
       : slope(p.alibi_slopes[batch * p.alibi_batch_stride + head] / p.softmax_scale),
         offset(offset) {}
+  __device__ __forceinline__ float bias(int row, int col) const {
+    return slope * float(abs(row + offset - col));
+  }
   __device__ __forceinline__ float apply(float score, int row, int col) const {
-    return score - slope * float(abs(row + offset - col));
+    return score - bias(row, col);
   }
   __device__ __forceinline__ float derivative(float /*modified*/, int /*row*/, int /*col*/) const {
     return 1.f;
@@ -80,32 +83,25 @@ struct Alibi {
 
 // Softcap, then ALiBi, as FlashAttention-2 composes them: softcap * tanh(s * softmax_scale /
 // softcap) - slope * |i + offset - j|. With Softcap's factor moved into the softmax (scale_log2 is
-// softcap * log2(e)), the bias is divided by the softcap here. Only the tanh has a derivative; it
-// is recovered from the modified score by adding the bias back.
+// softcap * log2(e)), ALiBi's bias is scaled by softmax_scale / softcap here. Only the tanh has a
+// derivative; it is recovered from the modified score by adding the bias back.
 struct SoftcapAlibi {
   static constexpr bool kIdentity = false;
   static constexpr bool kUnitDerivative = false;
   static constexpr bool kReadsHead = true;
-  float prescale;  // softmax_scale / softcap
-  float slope;     // slope / softcap
-  int offset;
+  Softcap cap;
+  Alibi alibi;
 
   __device__ __forceinline__ SoftcapAlibi(AttentionParams const& p, int batch, int head,
                                           int offset)
-      : prescale(p.softmax_scale / p.softcap),
-        slope(p.alibi_slopes[batch * p.alibi_batch_stride + head] / p.softcap),
-        offset(offset) {}
-  __device__ __forceinline__ float bias(int row, int col) const {
-    return slope * float(abs(row + offset - col));
+      : cap(p, batch, head, offset), alibi(p, batch, head, offset) {
+    alibi.slope *= cap.prescale;  // slope / softcap
   }
   __device__ __forceinline__ float apply(float score, int row, int col) const {
-    float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(score * prescale));
-    return t - bias(row, col);
+    return alibi.apply(cap.apply(score, row, col), row, col);
   }
   __device__ __forceinline__ float derivative(float modified, int row, int col) const {
-    float t = modified + bias(row, col);
-    return 1.f - fminf(t * t, 1.f);
+    return cap.derivative(modified + alibi.bias(row, col), row, col);
   }
 };
 

@@ -80,12 +80,9 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
 // common/dropout.cuh.
 template <class Traits, class Mask, class ScoreMod, class Dropout>
 cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
-  using Packed = PackedQueryBlocks<Traits::kBlockM>;
-  // (A packed batch's tiles count its rows.)
-  if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
-  const int64_t blocks = Packed::grid_tiles(p);
+  int64_t blocks;
+  if (cudaError_t err = forward_tiles<Traits::kBlockM>(p, blocks); err != cudaSuccess) return err;
   if (blocks == 0) return cudaSuccess;
-  if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
 
   // A paged cache's block never spans two pages (TmaRows).
   if (p.block_table != nullptr && (p.page_size <= 0 || p.page_size % Traits::kBlockN != 0)) {
