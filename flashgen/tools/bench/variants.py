@@ -35,6 +35,7 @@ DROPOUT = 0.1
 SPARSE_BLOCK = 128  # the block_sparse variant's block size
 RANDOM_BLOCKS = 3
 CASES = ("causal", f"window {WINDOW}", f"softcap {SOFTCAP:g}", "alibi",
+         f"softcap {SOFTCAP:g} with alibi",
          f"document mask ({DOCUMENTS} docs)", "window wider than the sequence",
          f"dropout {DROPOUT:g}", "block-sparse (BigBird, not causal)",
          f"per-head windows ({WINDOW} on odd heads)", "relative bias (T5)")
@@ -81,6 +82,8 @@ def _flashgen(case: str, inputs: Inputs, q, k):
         kwargs["window_size"] = (1 << 20 if "wider" in case else WINDOW, 0)
     elif case.startswith("softcap"):
         kwargs["softcap"] = SOFTCAP
+        if case.endswith("alibi"):
+            kwargs["alibi_slopes"] = inputs.slopes
     elif case == "alibi":
         kwargs["alibi_slopes"] = inputs.slopes
     elif case.startswith("dropout"):
@@ -139,7 +142,12 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
         mask_mod = head_window
     block_mask = create_block_mask(mask_mod, batch, heads, seqlen, seqlen, device="cuda")
     score_mod = None
-    if case.startswith("softcap"):
+    if case.startswith("softcap") and case.endswith("alibi"):
+        slopes = inputs.slopes
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return SOFTCAP * torch.tanh(score / SOFTCAP) - slopes[h] * (q_idx - kv_idx).abs()
+    elif case.startswith("softcap"):
         def score_mod(score, b, h, q_idx, kv_idx):
             return SOFTCAP * torch.tanh(score / SOFTCAP)
     elif case == "alibi":
