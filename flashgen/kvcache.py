@@ -59,7 +59,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         cache_batch_idx = cache_batch_idx.contiguous()  # the kernels index it densely
     seqlen_new = _check_new(q, k, v, batch, heads_kv, head_dim)
     rotary_cos, rotary_sin = _check_rotary(q, rotary_cos, rotary_sin, k, capacity, head_dim)
-    cache_seqlens = _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k)
+    cache_seqlens = _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k,
+                                         block_table)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"flashgen: num_splits must be an int >= 0 (0: chosen per call), got "
                          f"{num_splits!r}")
@@ -158,7 +159,15 @@ def _check_rotary(q, cos, sin, k, capacity, head_dim):
     return cos.contiguous(), sin.contiguous()
 
 
-def _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k):
+def _holds(capacity: int, block_table) -> str:
+    """What bounds a sequence's keys: the cache's length, or its block table's pages."""
+    if block_table is None:
+        return f"the cache holds {capacity} positions"
+    return (f"block_table holds {block_table.shape[1]} pages of {capacity // block_table.shape[1]}"
+            f" keys per sequence: {capacity} positions")
+
+
+def _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k, block_table):
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("flashgen: with new keys k and v, pass cache_seqlens: where in the "
@@ -167,7 +176,7 @@ def _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k):
     if isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
         if not 0 <= cache_seqlens <= capacity - seqlen_new:
             raise ValueError(f"flashgen: cache_seqlens={cache_seqlens} plus {seqlen_new} new "
-                             f"keys does not fit the cache's {capacity} positions")
+                             f"keys does not fit: {_holds(capacity, block_table)}")
         return torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     return _int32_vector("cache_seqlens", cache_seqlens, q, batch, "the keys cached per sequence")
 
@@ -181,8 +190,8 @@ def _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if low < 0 or high + seqlen_new > capacity:
             raise ValueError(f"flashgen: cache_seqlens spans {low}..{high}; with {seqlen_new} "
-                             f"new keys each must lie in 0..{capacity - seqlen_new} (the cache "
-                             f"holds {capacity} positions)")
+                             f"new keys each must lie in 0..{capacity - seqlen_new} "
+                             f"({_holds(capacity, block_table)})")
         lengths = cache_seqlens.long() + seqlen_new
     if cache_batch_idx is not None and cache_batch_idx.numel():
         low, high = int(cache_batch_idx.min()), int(cache_batch_idx.max())

@@ -4,7 +4,8 @@ They call flashgen's functions of the same names. Where flashgen keeps a differe
 purpose, this module gives FlashAttention-2's: softmax_lse of a query row that sees no key is
 +inf here (FA2's value), -inf in flashgen (the log of an empty sum).
 
-The private functions that ring attention and FA2's own tests call (_flash_attn_forward,
+Bad input raises exceptions that are both FA2's RuntimeError and flashgen's ValueError (or
+TypeError). The private functions that ring attention and FA2's own tests call (_flash_attn_forward,
 _flash_attn_backward and their varlen forms) and the raw entry points behind them
 (flash_attn_gpu) keep FA2's signatures and returns, with two differences: S_dmask is always None
 (flashgen does not return the dropout pattern), and rng_state is flashgen's dropout key, a (1,)
@@ -13,6 +14,7 @@ int64 tensor (empty without dropout) that the backward takes back as FA2's does.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -24,6 +26,30 @@ from flashgen import attention, ops
 USE_TRITON_ROCM = os.getenv("FLASH_ATTENTION_TRITON_AMD_ENABLE", "FALSE") == "TRUE"
 
 
+class FlashAttentionValueError(RuntimeError, ValueError):
+    """Bad input, raised as FA2 raises it (a RuntimeError from its checks) and as flashgen does."""
+
+
+class FlashAttentionTypeError(RuntimeError, TypeError):
+    """A wrong type, raised as FA2 raises it and as flashgen does."""
+
+
+def _fa2_errors(function):
+    """FA2's checks raise RuntimeError; flashgen's raise ValueError and TypeError. The functions
+    here raise exceptions that are both."""
+    @functools.wraps(function)
+    def checked(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (ValueError, TypeError) as error:
+            if isinstance(error, RuntimeError):
+                raise
+            kind = FlashAttentionValueError if isinstance(error, ValueError) else \
+                FlashAttentionTypeError
+            raise kind(str(error)) from error
+    return checked
+
+
 def _with_fa2_lse(result, returns_lse: bool):
     if not returns_lse:
         return result
@@ -31,6 +57,7 @@ def _with_fa2_lse(result, returns_lse: bool):
     return (out, torch.where(lse == float("-inf"), float("inf"), lse), *rest)
 
 
+@_fa2_errors
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False):
@@ -39,6 +66,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         deterministic, return_attn_probs), return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
                               window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                               deterministic=False, return_attn_probs=False):
@@ -47,6 +75,7 @@ def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=Fal
         return_attn_probs), return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                              deterministic=False, return_attn_probs=False):
@@ -55,6 +84,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
         deterministic, return_attn_probs), return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -65,6 +95,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         return_attn_probs, block_table), return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
                                      softmax_scale=None, causal=False, window_size=(-1, -1),
                                      softcap=0.0, alibi_slopes=None, deterministic=False,
@@ -74,6 +105,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
         alibi_slopes, deterministic, return_attn_probs), return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                     max_seqlen_k, dropout_p=0.0, softmax_scale=None,
                                     causal=False, window_size=(-1, -1), softcap=0.0,
@@ -85,6 +117,7 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
         return_attn_probs)
 
 
+@_fa2_errors
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
                             rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
                             cache_leftpad=None, block_table=None, softmax_scale=None,
@@ -106,6 +139,7 @@ def _seed(dropout_p, rng_state):
     return rng_state if dropout_p > 0 and rng_state is not None and rng_state.numel() else None
 
 
+@_fa2_errors
 def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_left,
                         window_size_right, softcap, alibi_slopes, return_softmax):
     """(out, softmax_lse, S_dmask, rng_state) without autograd."""
@@ -117,6 +151,7 @@ def _flash_attn_forward(q, k, v, dropout_p, softmax_scale, causal, window_size_l
     return (out, *_with_fa2_lse((None, lse), True)[1:], None, _rng_state(mods, q))
 
 
+@_fa2_errors
 def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                dropout_p, softmax_scale, causal, window_size_left=-1,
                                window_size_right=-1, softcap=0.0, alibi_slopes=None,
@@ -150,6 +185,7 @@ def _softmax_d(dout, out, rows_axis):
     return (dout.float() * out.float()).sum(-1).movedim(rows_axis, -1)
 
 
+@_fa2_errors
 def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p, softmax_scale,
                          causal, window_size_left, window_size_right, softcap, alibi_slopes,
                          deterministic, rng_state=None):
@@ -164,6 +200,7 @@ def _flash_attn_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, dropout_p,
         return _softmax_d(dout, out, 1)
 
 
+@_fa2_errors
 def _flash_attn_varlen_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q,
                                 cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                                 softmax_scale, causal, window_size_left, window_size_right,
@@ -193,6 +230,7 @@ class flash_attn_gpu:  # noqa: N801 - FA2's name for its extension module
     above: out, when given, receives the output."""
 
     @staticmethod
+    @_fa2_errors
     def fwd(q, k, v, out, alibi_slopes, p_dropout, softmax_scale, is_causal, window_size_left,
             window_size_right, softcap, return_softmax, gen=None):
         _no_generator(gen)
@@ -202,6 +240,7 @@ class flash_attn_gpu:  # noqa: N801 - FA2's name for its extension module
         return (result[0] if out is None else out.copy_(result[0]), *result[1:])
 
     @staticmethod
+    @_fa2_errors
     def varlen_fwd(q, k, v, out, cu_seqlens_q, cu_seqlens_k, seqused_k, leftpad_k, block_table,
                    alibi_slopes, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale,
                    zero_tensors, is_causal, window_size_left, window_size_right, softcap,
@@ -214,6 +253,7 @@ class flash_attn_gpu:  # noqa: N801 - FA2's name for its extension module
         return (result[0] if out is None else out.copy_(result[0]), *result[1:])
 
     @staticmethod
+    @_fa2_errors
     def bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, alibi_slopes, p_dropout, softmax_scale,
             is_causal, window_size_left, window_size_right, softcap, deterministic, gen=None,
             rng_state=None):
@@ -227,6 +267,7 @@ class flash_attn_gpu:  # noqa: N801 - FA2's name for its extension module
         return dq, dk, dv, softmax_d
 
     @staticmethod
+    @_fa2_errors
     def varlen_bwd(dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                    alibi_slopes, max_seqlen_q, max_seqlen_k, p_dropout, softmax_scale,
                    zero_tensors, is_causal, window_size_left, window_size_right, softcap,

@@ -20,7 +20,8 @@ The one exclusion: the dropout cases of the four tests that read S_dmask, FA2's 
 the dropout pattern (test_flash_attn_qkvpacked, test_flash_attn_varlen_qkvpacked,
 test_flash_attn_output, test_flash_attn_varlen_output); flashgen returns no S_dmask.
 
-Without a CUDA GPU the module still imports (its module-level capability queries read sm_90 while
+Calls run with FLASHGEN_DEBUG_CHECKS=1, which reads back and checks the device values FA2
+checks (a sync per call). Without a CUDA GPU the module still imports (its module-level capability queries read sm_90 while
 it is collected), the selection runs, and every selected case is skipped: CI checks the
 selection (tests/test_fa2_selection.py), the GPU run checks flashgen.
 """
@@ -151,6 +152,13 @@ def pytest_pycollect_makeitem(collector, name, obj):
         else:
             SELECTED[name] = (1, 1)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _device_values_checked(monkeypatch):
+    """FA2 reads device values back to check them (cache_seqlens against its block table's
+    capacity, for one); flashgen does under FLASHGEN_DEBUG_CHECKS=1 (a sync per call)."""
+    monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
 
 
 @contextlib.contextmanager
