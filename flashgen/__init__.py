@@ -1,8 +1,13 @@
 """flashgen: exact FlashAttention kernels generated for your head dims, dtypes and GPUs.
 
-    from flashgen import flash_attn_func, scaled_dot_product_attention
+    from flashgen import flash_attn_func
 
-Importing the package is cheap; torch is imported when a function is first used.
+FlashAttention-2's functions: flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+flash_attn_qkvpacked_func, flash_attn_kvpacked_func, flash_attn_varlen_qkvpacked_func and
+flash_attn_varlen_kvpacked_func; scaled_dot_product_attention (PyTorch's, as a drop-in);
+merge_attention_states (combine partial attention by lse); block_mask (a config-defined mask's
+key blocks, computed once). flashgen.compat serves code that imports flash_attn. Importing the
+package is cheap; torch is imported when a function is first used. docs/usage.md has the rest.
 """
 
 __version__ = "0.1.0"
@@ -12,6 +17,10 @@ __all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_atte
            "merge_attention_states", "block_mask", "__version__"]
 _PACKED = ("flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func")
+
+
+def __dir__():
+    return sorted({*globals(), *__all__})
 
 
 def __getattr__(name):

@@ -1,8 +1,12 @@
-"""The `flashgen` command: generate (render + compile), list, --version."""
+"""The `flashgen` command: `generate` renders the config's kernels and compiles a selection of
+them, `list` shows the configured kernels and which are built, `bench` times flashgen against
+PyTorch's attention backends (GPU), `tune` picks tiles on this GPU, `--version`."""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"only kernels of these score modifiers "
                             f"({', '.join(sorted(SCORE_MODS))}, or a variant's)")
         p.add_argument("--kind", action="append", choices=KINDS,
-                       help="only forward (fwd) or backward (bwd) kernels (default: both)")
+                       help="only forward (fwd), backward (bwd) or KV-cache kernels (decode: "
+                            "flash_attn_with_kvcache's decode and chunked prefill) (default: "
+                            "all)")
         p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),
                        help="only these kernel families (default: every configured one)")
         p.add_argument("--dropout", choices=("with", "without"), default=None,
@@ -100,9 +106,37 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(ValueError):
+    """A filter that names nothing the config has; exit code 2."""
+
+
+def _check_names(option: str, asked, known) -> None:
+    for name in asked or ():
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise UsageError(f"flashgen: unknown {option} {name!r}{hint} The config has: "
+                             f"{', '.join(sorted(known))}")
+
+
+def _check_filters(args, config) -> None:
+    """Names the filter value that selects nothing, before any kernel is enumerated."""
+    masks = set(config.masks) | {v.name for v in config.variants if v.mask_mod}
+    score_mods = set(config.score_mods) | {v.name for v in config.variants if v.score_mod}
+    _check_names("--mask", args.mask, masks)
+    _check_names("--score-mod", args.score_mod, score_mods)
+    for arch in args.arch or ():
+        if arch not in config.archs:
+            raise UsageError(
+                f"flashgen: {config.path} has no kernels for {arch} (it configures "
+                f"{', '.join(config.archs)}); add [mma.{arch}.head_dim.N] tables for it "
+                f"(docs/config.md: its shared-memory limit is its own)")
+
+
 def _selected(args):
     config_path = args.config or paths.config_path()
     config = load_config(config_path)
+    _check_filters(args, config)
     specs = enumerate_specs(config, archs=args.arch, head_dims=args.head_dim, dtypes=args.dtype,
                             masks=args.mask, kinds=args.kind, family_names=args.family,
                             score_mods=args.score_mod,
@@ -117,9 +151,11 @@ def _generate(args) -> int:
     # has none, and renders into the cache rather than into site-packages.
     review_copy = default_config and paths.FROM_CHECKOUT and paths.GENERATED_DIR.is_dir()
     out = args.out or (paths.GENERATED_DIR if review_copy else paths.cache_dir() / "generated")
-    changed = render.render_tree(enumerate_specs(config), out)
-    print(f"flashgen: rendered {len(enumerate_specs(config))} kernel(s) of {config.path} into "
-          f"{out} ({len(changed)} file(s) changed)")
+    configured = enumerate_specs(config)
+    changed = render.render_tree(configured, out)
+    print(f"flashgen: rendered the samples and summary of {config.path}'s {len(configured)} "
+          f"kernel(s) into {out} ({len(changed)} file(s) changed); the filters select "
+          f"{len(selected)}")
     if args.dry_run:
         return 0
     if not args.arch:
@@ -127,13 +163,14 @@ def _generate(args) -> int:
               "render only", file=sys.stderr)
         return 2
     if not selected:
-        print("flashgen: no configured kernel matches the filters", file=sys.stderr)
+        print(f"flashgen: no configured kernel matches the filters (head dims configured for "
+              f"{', '.join(args.arch)}: {_head_dims(config, args.arch)})", file=sys.stderr)
         return 2
-    start = time.monotonic()
-    entries = build.build(selected, jobs=args.jobs)
-    where = sorted({str(e.path.parent) for e in entries})
-    print(f"flashgen: {len(entries)} kernel(s) ready for {', '.join(args.arch)} in "
-          f"{time.monotonic() - start:.0f}s -> {', '.join(where)}")
+    built_already = all(cache.find_entry(spec) is not None for spec in selected)
+    entries = build.build(selected, jobs=args.jobs)  # it says what it compiles and how long
+    if built_already:
+        where = sorted({str(e.path.parent) for e in entries})
+        print(f"flashgen: all {len(entries)} kernel(s) were built already -> {', '.join(where)}")
     for entry in entries:
         if entry.resources.get("wgmma_serialised"):
             print(f"flashgen: warning: {entry.spec.name}: ptxas serialised its wgmma instructions "
@@ -142,6 +179,12 @@ def _generate(args) -> int:
     if not default_config:
         print(f"flashgen: to use this config at run time, set FLASHGEN_CONFIG={config.path}")
     return 0
+
+
+def _head_dims(config, archs) -> str:
+    return ", ".join(str(d) for d in sorted({d for family in config.families for arch in archs
+                                             for kind in KINDS
+                                             for d in config.head_dims(family, kind, arch)}))
 
 
 def _list(args) -> int:
@@ -325,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"generate": _generate, "list": _list, "bench": _bench,
                 "tune": _tune}[args.command](args)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return 2
     except (ConfigError, build.BuildError, FileNotFoundError, TimeoutError) as e:
         print(str(e), file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `flashgen list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

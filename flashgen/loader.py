@@ -79,7 +79,7 @@ def _load(spec: KernelSpec) -> Launcher:
                 f"{paths.cache_dir()}) and FLASHGEN_JIT=0 forbids compiling it now; build it "
                 f"with `{command}`")
         _log(f"flashgen: {spec.name} is configured but not built for {spec.arch}; compiling it "
-             f"now (about a minute; next time it loads from {paths.cache_dir()}). "
+             f"now (about half a minute; next time it loads from {paths.cache_dir()}). "
              f"`{command}` builds ahead of time.")
         (entry,) = _build().build([spec], log=_log)
     library = ctypes.CDLL(str(entry.lib))

@@ -294,3 +294,17 @@ def test_an_unchanged_tree_hits_without_rendering(fake_toolchain, monkeypatch):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [str(entry.path), "[]"]
+
+
+def test_a_build_counts_kernels_not_link_steps_and_estimates_the_rest(tmp_path, monkeypatch):
+    """run_ninja's progress: a line per compiled kernel with the time left; links are silent."""
+    fake = tmp_path / "ninja"
+    fake.write_text("#!/bin/sh\nprintf '[1/4 0s] nvcc fwd_a\\n[2/4 0s] link fwd_a\\n"
+                    "[3/4 1s] nvcc fwd_b\\n[4/4 1s] link fwd_b\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(build.shutil, "which", lambda name: str(fake))
+    logged = []
+    ok, _, _ = build.run_ninja(tmp_path, None, logged.append, kernels=2)
+    assert ok and len(logged) == 2
+    assert logged[0].startswith("[1/2 kernels, ") and logged[0].endswith("left] fwd_a")
+    assert logged[1].startswith("[2/2 kernels, ") and "about 0s left" in logged[1]

@@ -24,7 +24,7 @@ def test_version():
 def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG))  # counted in test_spec_render.py
-    assert f"rendered {len(specs)} kernel(s)" in capsys.readouterr().out
+    assert f"default.toml's {len(specs)} kernel(s)" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "decode_sample.cu",
                                                                  "fwd_sample.cu"]
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
@@ -65,7 +65,54 @@ def test_generate_without_arch_asks_for_one(tmp_path, capsys):
 
 def test_generate_filters_that_match_nothing(tmp_path, capsys):
     assert main(["generate", "--arch", "sm_90", "--head-dim", "72", "--out", str(tmp_path)]) == 2
-    assert "no configured kernel matches" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no configured kernel matches" in err and "32, 64, 96, 128, 192, 256" in err
+
+
+@pytest.mark.parametrize("command", ["generate", "list"])
+def test_a_filter_that_names_nothing_is_named_with_its_nearest_match(command, tmp_path, capsys):
+    assert main([command, "--arch", "sm_90", "--mask", "causl"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --mask 'causl'; did you mean 'causal'?" in err and "window" in err
+    assert main([command, "--arch", "sm_90", "--score-mod", "softcapp"]) == 2
+    assert "unknown --score-mod 'softcapp'; did you mean 'softcap'?" in capsys.readouterr().err
+
+
+def test_an_arch_without_tables_says_what_to_add(capsys):
+    assert main(["generate", "--arch", "sm_86"]) == 2
+    err = capsys.readouterr().err
+    assert "no kernels for sm_86" in err and "sm_80, sm_90" in err
+    assert "[mma.sm_86.head_dim.N]" in err
+
+
+def test_dry_run_says_how_many_kernels_the_filters_select(tmp_path, capsys):
+    assert main(["generate", "--dry-run", "--out", str(tmp_path), "--arch", "sm_90", "--mask",
+                 "none", "--mask", "causal", "--score-mod", "none", "--dropout", "without"]) == 0
+    assert "the filters select 124" in capsys.readouterr().out
+
+
+def test_list_into_a_pipe_closed_early_exits_quietly():
+    result = subprocess.run(f"{sys.executable} -m flashgen list --arch sm_90 | head -1",
+                            shell=True, capture_output=True, text=True, cwd=paths.REPO_ROOT)
+    assert len(result.stdout.splitlines()) == 1 and result.stderr == ""
+
+
+def test_help_names_every_command_and_every_kind(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"`{command}`" in out for command in ("generate", "list", "bench", "tune"))
+    with pytest.raises(SystemExit):
+        main(["list", "--help"])
+    assert "KV-cache kernels (decode" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_package_shows_its_functions():
+    import flashgen
+
+    for name in flashgen.__all__:
+        assert name in dir(flashgen)
+        assert name == "__version__" or name in flashgen.__doc__
 
 
 def test_bad_config_is_reported_not_raised(tmp_path, capsys):
