@@ -1,6 +1,7 @@
 """The `flashgen` command: `generate` renders the config's kernels and compiles a selection of
 them, `list` shows the configured kernels and which are built, `bench` times flashgen against
-PyTorch's attention backends (GPU), `tune` picks tiles on this GPU, `--version`."""
+PyTorch's attention backends (GPU), `tune` picks tiles on this GPU, `doctor` says what a call on
+this machine needs and what is missing, `--version`."""
 
 from __future__ import annotations
 
@@ -103,6 +104,8 @@ def _parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="configured kernels and where they are built")
     add_selection(lst)
+    sub.add_parser("doctor", help="what a call on this machine needs, found or missing with "
+                   "its fix (GPU, torch, nvcc, CUTLASS, the cache, the integrations)")
     return parser
 
 
@@ -314,6 +317,12 @@ def _bench_argument_problem(args) -> str | None:
     return None
 
 
+def _doctor(args) -> int:
+    from flashgen.tools import doctor
+
+    return doctor.run()
+
+
 def _tune(args) -> int:
     import json
 
@@ -366,8 +375,8 @@ def _tune(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"generate": _generate, "list": _list, "bench": _bench,
-                "tune": _tune}[args.command](args)
+        return {"generate": _generate, "list": _list, "bench": _bench, "tune": _tune,
+                "doctor": _doctor}[args.command](args)
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return 2

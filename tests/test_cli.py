@@ -194,3 +194,25 @@ def test_generate_warns_of_a_kernel_whose_wgmma_ptxas_serialised(tmp_path, capsy
     err = capsys.readouterr().err
     assert "warning: bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1: ptxas serialised" in err
     assert "_none_" not in err
+
+
+def test_doctor_says_what_a_call_needs_and_how_to_get_it(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the doctor finds it (scripts/gpu_check.sh runs it)")
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "MISSING  GPU: no CUDA GPU is visible to torch" in out
+    for name in ("torch", "nvcc", "CUTLASS", "config", "JIT", "transformers"):
+        assert re.search(rf"^  (ok|MISSING|absent) +{name}: ", out, re.MULTILINE), name
+    assert out.rstrip().endswith("1 thing(s) a call needs are missing: GPU")
+
+
+def test_doctor_without_nvcc_calls_it_optional(monkeypatch, capsys):
+    pytest.importorskip("torch")
+    from flashgen import cache
+    from flashgen.tools import doctor
+
+    monkeypatch.setattr(cache, "nvcc_version", lambda: None)
+    nvcc = next(c for c in doctor.checks() if c.name == "nvcc")
+    assert not nvcc.ok and not nvcc.needed and "install the CUDA toolkit" in nvcc.fix
