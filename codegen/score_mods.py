@@ -20,14 +20,14 @@ class ScoreModKind:
 
 
 SCORE_MODS = {m.name: m for m in (
-    ScoreModKind("none", "flashgen::IdentityScore", ("fwd", "bwd", "decode")),
+    ScoreModKind("none", "flashgen::IdentityScore", ("fwd", "bwd", "kvcache")),
     # softcap * tanh(s * softmax_scale / softcap) (Gemma-2, Grok), the cap at run time
     # (params.h's softcap).
-    ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "decode")),
+    ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "kvcache")),
     # ALiBi, the slopes at run time (params.h's alibi_slopes).
-    ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd", "decode")),
+    ScoreModKind("alibi", "flashgen::Alibi", ("fwd", "bwd", "kvcache")),
     # softcap, then ALiBi (FlashAttention-2 takes both at once), both at run time.
-    ScoreModKind("softcap_alibi", "flashgen::SoftcapAlibi", ("fwd", "bwd", "decode")),
+    ScoreModKind("softcap_alibi", "flashgen::SoftcapAlibi", ("fwd", "bwd", "kvcache")),
     # An additive bias per score (SDPA's attn_mask), the tensor at run time (params.h's
     # attn_bias).
     ScoreModKind("bias", "flashgen::ScoreBias", ("fwd", "bwd")),

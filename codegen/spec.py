@@ -55,7 +55,7 @@ class KernelSpec:
     def computes_mask_ranges(self) -> bool:
         """Whether its library carries the entry that computes its variant mask's block ranges
         (common/variant.cuh; the forward and backward kernels read them, decode kernels not)."""
-        return self.variant is not None and bool(self.variant.mask_mod) and self.kind != "decode"
+        return self.variant is not None and bool(self.variant.mask_mod) and self.kind != "kvcache"
 
     @property
     def score_mod_kind(self) -> ScoreModKind:
@@ -64,7 +64,7 @@ class KernelSpec:
         return SCORE_MODS[self.score_mod]
 
 
-KINDS = ("fwd", "bwd", "decode")
+KINDS = ("fwd", "bwd", "kvcache")
 
 
 def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:

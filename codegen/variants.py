@@ -12,7 +12,7 @@ compile in, so a variant costs nothing where it is absent.
     # then skip the tiles inside a row's key range that it hides (optional, default false)
     # dropout = true: its forward and backward kernels are built a second time with dropout, for
     # calls with dropout_p > 0 (optional, default false; doubles its kernels)
-    # decode = true: decode kernels too, for flash_attn_with_kvcache (optional, default false)
+    # kvcache = true: KV-cache kernels too, for flash_attn_with_kvcache (optional, default false)
 
 A snippet is a C++ expression, or a function body with its own `return`s. In scope: b (the
 sequence), h (the query head), q_idx and kv_idx (positions within the sequence: in decode
@@ -100,13 +100,13 @@ class Variant:
     head_dims: tuple[int, ...] = field(default=(), compare=False)
     # Whether its kernels are built with dropout too (a spec's own flag says which one it is).
     dropout: bool = field(default=False, compare=False)
-    # Whether decode kernels (flash_attn_with_kvcache) are built for it too.
-    decode: bool = field(default=False, compare=False)
+    # Whether KV-cache kernels (flash_attn_with_kvcache) are built for it too.
+    kvcache: bool = field(default=False, compare=False)
 
     @property
     def kinds(self) -> tuple[str, ...]:
         """The kernel kinds built for it."""
-        return ("fwd", "bwd", "decode") if self.decode else ("fwd", "bwd")
+        return ("fwd", "bwd", "kvcache") if self.kvcache else ("fwd", "bwd")
 
     @property
     def struct(self) -> str:
@@ -207,7 +207,10 @@ def _parse_variant(name: str, table, fail) -> Variant:
     if not isinstance(table, dict):
         raise fail(where, "must be a table")
     allowed = {"tensors", "mask_mod", "score_mod", "score_mod_grad", "skip_blocks", "head_dims",
-               "dropout", "decode"}
+               "dropout", "kvcache"}
+    if "decode" in table:
+        raise fail(f"{where}.decode", "is called kvcache = true now (flash_attn_with_kvcache's "
+                                      "kernels, decode and chunked prefill)")
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise fail(where, f"unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -258,9 +261,9 @@ def _parse_variant(name: str, table, fail) -> Variant:
     dropout = table.get("dropout", False)
     if not isinstance(dropout, bool):
         raise fail(f"{where}.dropout", "must be true or false")
-    decode = table.get("decode", False)
-    if not isinstance(decode, bool):
-        raise fail(f"{where}.decode", "must be true or false")
+    kvcache = table.get("kvcache", False)
+    if not isinstance(kvcache, bool):
+        raise fail(f"{where}.kvcache", "must be true or false")
     return Variant(name, tuple(tensors), snippets["mask_mod"], snippets["score_mod"],
                    snippets["score_mod_grad"], skip_blocks, tuple(sorted(set(head_dims))),
-                   dropout, decode)
+                   dropout, kvcache)

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                        help=f"only kernels of these score modifiers "
                             f"({', '.join(sorted(SCORE_MODS))}, or a variant's)")
         p.add_argument("--kind", action="append", choices=KINDS,
-                       help="only forward (fwd), backward (bwd) or KV-cache kernels (decode: "
+                       help="only forward (fwd), backward (bwd) or KV-cache kernels (kvcache: "
                             "flash_attn_with_kvcache's decode and chunked prefill) (default: "
                             "all)")
         p.add_argument("--family", action="append", choices=sorted(families.FAMILIES),

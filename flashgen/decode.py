@@ -171,7 +171,7 @@ def _padded_head_dim(device_index: int, dtype: torch.dtype, head_dim: int) -> in
     props = torch.cuda.get_device_properties(device_index)
     arch = arch_for_capability(props.major, props.minor)
     short = "fp16" if dtype == torch.float16 else "bf16"
-    choice = registry.candidates(arch, "decode", short, head_dim, "none")[0]
+    choice = registry.candidates(arch, "kvcache", short, head_dim, "none")[0]
     return choice.spec.head_dim if choice.pad_head_dim else None
 
 
@@ -236,13 +236,13 @@ def _plan(device_index: int, dtype: str, head_dim: int, mask: str, prefill: bool
     the GPU runs at once."""
     props = torch.cuda.get_device_properties(device_index)
     arch = arch_for_capability(props.major, props.minor)
-    choices = registry.candidates(arch, "decode", dtype, head_dim, mask, score_mod)
+    choices = registry.candidates(arch, "kvcache", dtype, head_dim, mask, score_mod)
     choice = choices[1] if prefill and len(choices) > 1 else choices[0]
     if choice.pad_head_dim:
         raise dispatch.DispatchError(
             f"flashgen: flash_attn_with_kvcache has no kernel for head_dim {head_dim} on {arch} "
             f"(a KV cache is written in place, so it cannot run padded on head dim "
-            f"{choice.spec.head_dim}); add a [mma.{arch}.head_dim.{head_dim}.decode] table to "
+            f"{choice.spec.head_dim}); add a [mma.{arch}.head_dim.{head_dim}.kvcache] table to "
             f"{registry.active_config().path} and run `flashgen generate --arch {arch}`")
     tile = choice.spec.tile
     smem = resources.smem_bytes(head_dim, tile.block_m, tile.block_n, tile.kv_stages)

@@ -15,7 +15,7 @@ class DispatchError(ValueError):
     """No configured kernel can run this call; the message says how to add one."""
 
 
-_KIND_WORDS = {"fwd": "forward", "bwd": "backward", "decode": "KV-cache (decode)"}
+_KIND_WORDS = {"fwd": "forward", "bwd": "backward", "kvcache": "KV-cache"}
 
 
 @dataclass(frozen=True)

@@ -147,9 +147,10 @@ def prepare_decode(name, variant_tensors, q, k_cache, batch: int, seqlen_q: int,
     if name is None:
         raise ValueError("flashgen: variant_tensors go with variant=\"<name>\"")
     v = variants.resolve(name)
-    if not v.decode:
-        raise DispatchError(f"flashgen: variant {v.name!r} has no decode kernels: set decode = "
-                            f"true in its [variants.{v.name}] table and run `flashgen generate`")
+    if not v.kvcache:
+        raise DispatchError(f"flashgen: variant {v.name!r} has no KV-cache kernels: set kvcache "
+                            f"= true in its [variants.{v.name}] table and run `flashgen "
+                            f"generate`")
     if v.mask_mod and mask != "none":
         raise ValueError(f"flashgen: variant {v.name!r} has its own mask_mod; pass "
                          f"causal=False and window_size=(-1, -1) (write causality into the "

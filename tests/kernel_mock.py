@@ -67,7 +67,7 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(host, "device_resources", lambda index: (108, 40 << 20))  # an A100's
     fwd = {mask: launcher("fwd", mask) for mask in ("none", "causal")}
     bwd = {mask: launcher("bwd", mask) for mask in ("none", "causal")}
-    decode_launcher = launcher("decode", "none")
+    decode_launcher = launcher("kvcache", "none")
     # Variants' masks run on the plain kernels: the launches only record.
     monkeypatch.setattr(forward, "_plan", _recording(
         record.fwd_plans, forward._plan,

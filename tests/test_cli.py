@@ -25,8 +25,8 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path)]) == 0
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG))  # counted in test_spec_render.py
     assert f"default.toml's {len(specs)} kernel(s)" in capsys.readouterr().out
-    assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "decode_sample.cu",
-                                                                 "fwd_sample.cu"]
+    assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu",
+                                                                 "kvcache_sample.cu"]
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
                                                                      "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
@@ -44,9 +44,9 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 5 + (5 * 3 + 2) * 2 * 5
                                            + 5 * 3 * 2 * 5 + 32)
     # head dims 64 and 128 x (main + prefill alt tile) and head dim 256's main tile, x 2 dtypes x 3
-    # masks x 4 score modifiers; document's, head_window's and relative_bias's (decode = true: 2 +
+    # masks x 4 score modifiers; document's, head_window's and relative_bias's (kvcache = true: 2 +
     # 3 masks) of head dims 64's and 128's tiles
-    assert manifest.count('"name": "decode_mma_sm90_') == 5 * 2 * 3 * 4 + 4 * 2 * 5
+    assert manifest.count('"name": "kvcache_mma_sm90_') == 5 * 2 * 3 * 4 + 4 * 2 * 5
     # 5 head dims x 2 dtypes x 3 masks, and 2 causal short-sequence alt tiles x 2 dtypes;
     # relative_bias's causal kernels take head dim 64's
     assert manifest.count('"name": "fwd_hopper_sm90_') == (5 * 3 + 2) * 2 * 5 * 2 + 7 * 2 * 2 + 2 + 4
@@ -104,7 +104,7 @@ def test_help_names_every_command_and_every_kind(capsys):
     assert all(f"`{command}`" in out for command in ("generate", "list", "bench", "tune"))
     with pytest.raises(SystemExit):
         main(["list", "--help"])
-    assert "KV-cache kernels (decode" in " ".join(capsys.readouterr().out.split())
+    assert "KV-cache kernels (kvcache:" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_package_shows_its_functions():
@@ -131,7 +131,7 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the alt tile
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
-    assert "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
+    assert "kvcache_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
     # per dtype and mask (6) 5 forward and backward kernels x 5 score modifiers, twice (with

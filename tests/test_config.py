@@ -404,15 +404,18 @@ def test_skip_blocks_marks_a_mask_with_holes_and_renders_into_its_struct(tmp_pat
         load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
 
 
-def test_a_variants_decode_builds_its_decode_kernels(tmp_path):
+def test_a_variants_kvcache_builds_its_kv_cache_kernels(tmp_path):
     config = load_config(paths.DEFAULT_CONFIG)
-    assert [v.name for v in config.variants if v.decode] == ["document", "head_window",
-                                                            "relative_bias"]
-    assert config.variant("document").kinds == ("fwd", "bwd", "decode")
+    assert [v.name for v in config.variants if v.kvcache] == ["document", "head_window",
+                                                             "relative_bias"]
+    assert config.variant("document").kinds == ("fwd", "bwd", "kvcache")
     assert config.variant("prefix_lm").kinds == ("fwd", "bwd")
-    table = '[variants.v]\nmask_mod = "true"\ndecode = 1\n'
-    with pytest.raises(ValueError, match=r"variants.v.decode: must be true or false"):
+    table = '[variants.v]\nmask_mod = "true"\nkvcache = 1\n'
+    with pytest.raises(ValueError, match=r"variants.v.kvcache: must be true or false"):
         load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{table}"))
+    renamed = '[variants.v]\nmask_mod = "true"\ndecode = true\n'
+    with pytest.raises(ValueError, match=r"variants.v.decode: is called kvcache = true now"):
+        load_config(write(tmp_path, f"[mma.sm_90.head_dim.64]\n{TILE}{renamed}"))
 
 
 def test_a_mask_mod_that_reads_h_gets_a_block_mask_per_head():

@@ -36,7 +36,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # dropout = true: its kernels again with dropout.
     variants = (4 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
     document = 2 * (2 * 3 * 2 + 2 * 2)
-    # document's, head_window's and relative_bias's tables set decode = true: the decode tiles
+    # document's, head_window's and relative_bias's tables set kvcache = true: the KV-cache tiles
     # (sm_80 1, sm_90 2 per head dim) x 2 head dims x 2 dtypes, for 2 + 3 masks
     decode = (1 + 2) * 2 * 2 * 5
     assert len(specs) == built_in + variants + document + decode
@@ -48,7 +48,7 @@ def test_spec_count_is_the_product_of_the_axes(specs):
                                                                  ("hopper", "fwd"),
                                                                  ("hopper", "bwd")}
     assert {s.variant.name for s in specs if s.dropout and s.variant} == {"document"}
-    assert {s.score_mod for s in specs if s.kind == "decode"} == {"none", "softcap", "alibi",
+    assert {s.score_mod for s in specs if s.kind == "kvcache"} == {"none", "softcap", "alibi",
                                                                   "softcap_alibi",
                                                                   "relative_bias"}
     assert {s.variant.name for s in specs if s.variant} == {"block_sparse", "document",
@@ -61,11 +61,11 @@ def test_name_encodes_every_compile_time_parameter(specs):
               and s.mask == "causal" and s.score_mod == "none" and not s.dropout]
     assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
-                                              "decode_mma_sm90_bf16_hd128_causal_m128n32w4s3",
-                                              "decode_mma_sm90_bf16_hd128_causal_m64n64w4s3",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
-                                              "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"]
+                                              "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2",
+                                              "kvcache_mma_sm90_bf16_hd128_causal_m128n32w4s3",
+                                              "kvcache_mma_sm90_bf16_hd128_causal_m64n64w4s3"]
     # a score modifier follows the mask, then dropout
     names = {s.name for s in specs}
     assert "fwd_hopper_sm90_bf16_hd128_causal_softcap_m128n128s2p1o1" in names
@@ -98,7 +98,7 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
 
 
 @pytest.mark.parametrize("kind, traits", [("fwd", "FwdTraits"), ("bwd", "BwdTraits"),
-                                          ("decode", "FwdTraits")])
+                                          ("kvcache", "FwdTraits")])
 def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     spec = next(s for s in specs if s.kind == kind and s.family == "mma"
                 and s.score_mod == "none" and s.variant is None and not s.dropout)
@@ -109,8 +109,8 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
     assert f"flashgen::{traits}<{spec.head_dim}, {values}, " in text
     # the first spec without a score modifier, variant or dropout is causal
     policies = "flashgen::CausalMask, flashgen::IdentityScore"
-    if kind == "decode":
-        assert f"launch_{kind}<Traits, {policies}>" in text
+    if kind == "kvcache":
+        assert f"launch_decode<Traits, {policies}>" in text
     else:
         assert f"launch_{kind}<Traits, {policies}, flashgen::NoDropout>" in text
         twin = next(s for s in specs if s.dropout and s.kind == kind and s.arch == spec.arch
@@ -123,7 +123,7 @@ def test_render_tree_writes_a_sample_per_template_the_manifest_and_its_summary(t
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
         "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu",
-        "mma/decode_sample.cu", "mma/fwd_sample.cu", "summary.md"]
+        "mma/fwd_sample.cu", "mma/kvcache_sample.cu", "summary.md"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
     stale.parent.mkdir()
@@ -274,7 +274,7 @@ def test_hopper_backward_renders_its_traits_and_launch():
 
 def test_a_variants_decode_kernel_carries_its_struct_but_computes_no_block_ranges(specs):
     """Decode kernels visit every cached key: they take the variant's struct, not its ranges."""
-    spec = next(s for s in specs if s.kind == "decode" and s.mask == "document")
+    spec = next(s for s in specs if s.kind == "kvcache" and s.mask == "document")
     text = render.render_spec(spec)
     assert "struct document {" in text and "flashgen_mask_ranges" not in text
     assert not spec.computes_mask_ranges

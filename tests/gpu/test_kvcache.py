@@ -334,7 +334,7 @@ def _inputs(dtype=torch.float16):
     (lambda a: a.update(q=torch.randn(2, 1, 4, 96, device="cuda").half(),
                         k_cache=torch.randn(2, 64, 2, 96, device="cuda").half(),
                         v_cache=torch.randn(2, 64, 2, 96, device="cuda").half()),
-     r"no kernel for head_dim 96.*head_dim\.96\.decode"),
+     r"no kernel for head_dim 96.*head_dim\.96\.kvcache"),
     (lambda a: a.update(block_table=torch.zeros(2, 4, dtype=torch.int64, device="cuda")),
      "block_table must be int32"),
     (lambda a: a.update(block_table=torch.zeros(3, 4, dtype=torch.int32, device="cuda")),

@@ -70,9 +70,10 @@ FAMILY = Family(
         # head dim that has one.
         Kind("bwd", table="backward", tile=BwdTile, template="bwd_kernel.cu.j2",
              problems=_bwd_problems, required=False),
-        # Only the head dims whose table has a `.decode` subtable serve flash_attn_with_kvcache;
-        # an alt tile runs calls with many query rows (chunked prefill, flashgen/decode.py).
-        Kind("decode", table="decode", tile=FwdTile, template="decode_kernel.cu.j2",
+        # The KV-cache kernels of flash_attn_with_kvcache (split-KV decode, and chunked prefill on
+        # an alt tile for calls with many query rows: flashgen/decode.py); only the head dims
+        # whose table has a `.kvcache` subtable have them.
+        Kind("kvcache", table="kvcache", tile=FwdTile, template="kvcache_kernel.cu.j2",
              problems=_fwd_problems, required=False, alt_tiles=True),
     ),
     template_dir=TEMPLATES_DIR / "mma",
