@@ -277,7 +277,7 @@ def test_a_decode_variant_call_is_checked_before_any_kernel():
     name, tensors = variant_args.prepare_decode("document", {"doc_ids": ids}, q, k_cache, 2, 1, 128,
                                                 "none", PLAIN)
     assert name == "document" and tensors[0].shape == (2, 128)
-    with pytest.raises(DispatchError, match=r"'prefix_lm' has no decode kernels"):
+    with pytest.raises(DispatchError, match=r"'prefix_lm' has no KV-cache kernels"):
         variant_args.prepare_decode("prefix_lm", {"prefix_len": ids[:, 0]}, q, k_cache, 2, 1, 128,
                                     "none", PLAIN)
     with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):

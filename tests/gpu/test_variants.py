@@ -342,7 +342,7 @@ def test_decode_variant_bad_input_names_what_is_wrong():
     q = torch.randn(2, 1, 4, 64, device="cuda", dtype=torch.bfloat16)
     k_cache = torch.randn(2, 128, 4, 64, device="cuda", dtype=torch.bfloat16)
     ids = document_ids(2, 128)
-    with pytest.raises(DispatchError, match=r"'prefix_lm' has no decode kernels: set decode"):
+    with pytest.raises(DispatchError, match=r"'prefix_lm' has no KV-cache kernels: set kvcache"):
         flash_attn_with_kvcache(q, k_cache, k_cache.clone(), variant="prefix_lm",
                                 variant_tensors={"prefix_len": ids[:, 0].contiguous()})
     with pytest.raises(ValueError, match="own mask_mod; pass causal=False"):
