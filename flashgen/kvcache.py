@@ -32,7 +32,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
     bottom-right to each sequence's keys; softcap and alibi_slopes as in flash_attn_func
     (ALiBi's distance aligned bottom-right too). variant="name" and variant_tensors run a
-    config-defined variant whose table sets decode = true (codegen/variants.py): q_idx is a new
+    config-defined variant whose table sets kvcache = true (codegen/variants.py): q_idx is a new
     token's position in its sequence (cached keys before it), kv_idx a key's; its tensors'
     seqlen_k is the cache's capacity; a mask_mod runs on every cached key (no block is skipped).
     Returns out (batch, seqlen_q, nheads, headdim), and with return_softmax_lse (out,

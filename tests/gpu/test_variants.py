@@ -305,7 +305,7 @@ def test_a_score_mod_never_reads_past_the_sequence(head_dim, each_family):
 def test_decode_runs_a_variant_over_the_cache(head_dim, page_size, num_splits, seqlen_q):
     """flash_attn_with_kvcache with document's and head_window's masks (per head: a tile's rows
     are the query heads of a KV head) and relative_bias's score modifier (their tables set
-    decode = true): a new token's q_idx is its position in its sequence; sequences shorter than
+    kvcache = true): a new token's q_idx is its position in its sequence; sequences shorter than
     the new tokens (0 and 1 keys) leave the early tokens seeing nothing."""
     from tests.gpu.test_kvcache import Cache, lengths_for
 
