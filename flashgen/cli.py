@@ -9,7 +9,6 @@ import argparse
 import difflib
 import os
 import sys
-import time
 from pathlib import Path
 
 from codegen import build, paths, render
