@@ -99,7 +99,14 @@ ATTENTION_FIELDS = (
           "in packed (1, total rows, heads, head_dim) tensors, then the total; seqlen_q and "
           "seqlen_k are then the longest lengths, each sequence's causal mask aligns bottom-right "
           "and per-row statistics are (heads, total rows). nullptr: equal lengths", default=0),
-    Field("cu_seqlens_k", "const int*", "(batch + 1,): the keys' starts, with cu_seqlens_q",
+    Field("cu_seqlens_k", "const int*", "(batch + 1,): the keys' starts, with cu_seqlens_q; "
+          "nullptr with cu_seqlens_q: the keys are a KV cache (KV_CACHE_FIELDS)", default=0),
+    Field("seqused_k", "const int*", "(batch,), with cu_seqlens_q: the keys each sequence "
+          "attends to, the first seqused_k[b] of its run in cu_seqlens_k (FlashAttention-3's); "
+          "nullptr: the whole run", default=0),
+    Field("sinks", "const float*", "(heads,) fp32: each query head's learnable sink logit, in "
+          "the scaled scores' units, which joins every row's softmax denominator with no value "
+          "(gpt-oss's s_aux); the forward passes fold it into o and softmax_lse. nullptr: none",
           default=0),
 )
 
@@ -110,6 +117,10 @@ KV_CACHE_FIELDS = (
           "call's new ones; nullptr: seqlen_k, the whole cache", default=0),
     Field("cache_batch_idx", "const int*", "(batch,): the cache row of each sequence; nullptr: "
           "its own index", default=0),
+    Field("cache_leftpad", "const int*", "(batch,), a contiguous cache: each sequence's first "
+          "key's position (FlashAttention-2's cache_leftpad): attention covers positions "
+          "cache_leftpad .. cache_seqlens + seqlen_new - 1, key indices (masks, ALiBi) count from "
+          "it, appended keys and rotary positions do not. nullptr: 0", default=0),
     Field("block_table", "const int*", "(batch, pages per sequence): a paged cache's page of "
           "each run of page_size keys; k and v are then (pages, page_size, heads_kv, head_dim). "
           "nullptr: a contiguous cache", default=0),

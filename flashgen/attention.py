@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import torch
 
-from flashgen import ops, validate, variant_args
+from flashgen import kvcache, ops, validate, variant_args
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, variant=None, variant_tensors=None,
-                    block_mask=None):
+                    return_attn_probs=False, *, s_aux=None, learnable_sink=None, variant=None,
+                    variant_tensors=None, block_mask=None):
     """Exact attention, FlashAttention-2's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), with
@@ -28,11 +28,14 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     that probability and scales the others by 1 / (1 - dropout_p) (training; pass 0 to evaluate):
     the mask is drawn from torch's CUDA generator (torch.manual_seed reproduces it, CUDA graphs
     draw a new one per replay) and the backward regenerates it. The causal mask is aligned to
-    the bottom-right corner of the score matrix. Returns
+    the bottom-right corner of the score matrix. s_aux (or learnable_sink, FlashAttention-4's
+    name): (nheads,) fp32 sink logits, one per query head, that join every row's softmax
+    denominator with no value (gpt-oss, StreamingLLM), in the scaled scores' units; they get a
+    gradient. Returns
     out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
-    softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log). A query row that sees no key gets
-    output 0 and lse -inf. Differentiable in q, k and v; softmax_lse is not differentiable (it
-    does not require grad). The forward is deterministic; deterministic=True makes the backward
+    softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log), the sink in it. A query row that
+    sees no key gets output 0 and lse -inf (its sink, with s_aux). Differentiable in q, k and v;
+    softmax_lse is not differentiable (it does not require grad). The forward is deterministic; deterministic=True makes the backward
     bit-reproducible too.
 
     variant="name" runs a variant the config defines (codegen/variants.py: a mask_mod and/or a
@@ -44,7 +47,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """
     q, k, v, scale, mask, band, mods = dense_arguments(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, variant,
-        variant_tensors, block_mask)
+        variant_tensors, block_mask, sinks=validate.sink_argument(s_aux, learnable_sink))
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
                              mods=mods)
     return (out, lse, None) if return_attn_probs else out
@@ -52,10 +55,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
 def dense_arguments(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, variant=None,
-                    variant_tensors=None, block_mask=None, dropout_seed=None):
+                    variant_tensors=None, block_mask=None, dropout_seed=None, sinks=None):
     """flash_attn_func's checked arguments as ops.attention takes them: (q, k, v, scale, mask,
     band, mods). dropout_seed: the Philox key of an earlier forward to regenerate its dropout
-    mask with (a backward called on its own), else a fresh one is drawn."""
+    mask with (a backward called on its own), else a fresh one is drawn. sinks: s_aux."""
     if dropout_p != 0.0:
         dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
@@ -71,6 +74,8 @@ def dense_arguments(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         mask, band = validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
     mods = (validate.modifiers(softcap, alibi_slopes, q, q.shape[0])
             if softcap or alibi_slopes is not None else PLAIN)
+    if sinks is not None:
+        mods = validate.with_sinks(mods, sinks, q)
     if variant is not None or variant_tensors is not None or block_mask is not None:
         mask, band, mods = variant_args.prepare(variant, variant_tensors, block_mask, q, k,
                                                 q.shape[0], seqlen_q, seqlen_k, mask, band, mods,
@@ -80,13 +85,15 @@ def dense_arguments(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     return q, k, v, scale, mask, band, mods
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                           dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
-                           softcap=0.0, alibi_slopes=None, deterministic=False,
-                           return_attn_probs=False, block_table=None, *, variant=None,
-                           variant_tensors=None, block_mask=None):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_q=None,
+                           max_seqlen_k=None, dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           seqused_k=None, out=None, return_softmax_lse=False, num_splits=0,
+                           s_aux=None, learnable_sink=None, variant=None, variant_tensors=None,
+                           block_mask=None):
     """Exact attention over a batch of sequences of different lengths, FlashAttention-2's
-    interface.
+    interface (and the serving engines': seqused_k, out, return_softmax_lse, s_aux).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim), the sequences packed one
     after another; cu_seqlens_q, cu_seqlens_k: (batch + 1,) int32 on q's device, each sequence's
@@ -94,31 +101,69 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     least the longest lengths (nothing past them is computed; FLASHGEN_DEBUG_CHECKS=1 checks the
     device values). Each sequence's causal mask and window_size are aligned bottom-right;
     dropout_p, softcap, alibi_slopes and a variant as in flash_attn_func (a variant sees
-    positions within each sequence and b the sequence's index). Returns out (total_q, nheads,
-    headdim), or with return_attn_probs (out, softmax_lse, None), softmax_lse (nheads,
-    total_q) fp32. Differentiable in q, k and v. Under torch.compile nothing on the device is read
-    on the host.
+    positions within each sequence and b the sequence's index). s_aux (or learnable_sink):
+    (nheads,) fp32 sink logits that join each row's softmax denominator (gpt-oss), with a
+    gradient. seqused_k: (batch,) int32, each sequence attends to the first seqused_k[b] keys of
+    its run (forward only).
+
+    With block_table ((batch, max_pages) int32), k and v are a paged KV cache (num_pages,
+    page_size, nheads_k, headdim), any page size, and each sequence's keys number seqused_k[b]
+    (cu_seqlens_k may then be None) or its cu_seqlens_k run's length: vLLM's call, prefill and
+    decode rows in one batch, not differentiable, CUDA-graph safe (lengths and tables are read
+    on the device only). num_splits as in flash_attn_with_kvcache.
+
+    Returns out (total_q, nheads, headdim) (written into out, when given, which must be that
+    shape and q's dtype), with return_softmax_lse (out, softmax_lse), or with return_attn_probs
+    (out, softmax_lse, None); softmax_lse (nheads, total_q) fp32. Differentiable in q, k and v
+    (and s_aux). Under torch.compile nothing on the device is read on the host.
     """
+    if max_seqlen_q is None:
+        raise ValueError("flashgen: pass max_seqlen_q, the longest query sequence")
+    window_size = (-1, -1) if window_size is None else tuple(window_size)
+    sinks = validate.sink_argument(s_aux, learnable_sink)
     if block_table is not None:
-        raise NotImplementedError("flashgen: flash_attn_varlen_func takes no block_table yet; "
-                                  "flash_attn_with_kvcache reads paged caches")
-    q4, k4, v4, scale, mask, band, varlen, mods = varlen_arguments(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-        softmax_scale, causal, window_size, softcap, alibi_slopes, variant, variant_tensors,
-        block_mask)
-    out, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic), heads_first=False,
-                             varlen=varlen, mods=mods)
-    out = out.squeeze(0)
-    return (out, lse.squeeze(0), None) if return_attn_probs else out
+        if dropout_p != 0.0:
+            raise ValueError("flashgen: flash_attn_varlen_func over a paged cache (block_table) "
+                             "is inference: pass dropout_p=0")
+        if variant is not None or variant_tensors is not None or block_mask is not None:
+            raise NotImplementedError("flashgen: a config-defined variant over a paged cache "
+                                      "runs through flash_attn_with_kvcache(variant=...)")
+        result, lse = kvcache.paged_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+            block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, sinks,
+            num_splits, out)
+    else:
+        if cu_seqlens_k is None or max_seqlen_k is None:
+            raise ValueError("flashgen: without block_table, pass cu_seqlens_k and max_seqlen_k "
+                             "(where each sequence's keys start in k and v, the longest run)")
+        if seqused_k is not None and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, sinks)):
+            raise NotImplementedError("flashgen: seqused_k is forward only (the backward would "
+                                      "need it too); call under torch.no_grad() or trim the "
+                                      "runs with cu_seqlens_k")
+        if out is not None:
+            validate.check_out(out, q)
+        q4, k4, v4, scale, mask, band, varlen, mods = varlen_arguments(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+            softmax_scale, causal, window_size, softcap, alibi_slopes, variant, variant_tensors,
+            block_mask, sinks=sinks, seqused_k=seqused_k)
+        result, lse = ops.attention(q4, k4, v4, scale, mask, band, bool(deterministic),
+                                    heads_first=False, varlen=varlen, mods=mods)
+        result, lse = result.squeeze(0), lse.squeeze(0)
+        if out is not None:
+            result = out.copy_(result)
+    if return_attn_probs:
+        return result, lse, None
+    return (result, lse) if return_softmax_lse else result
 
 
 def varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                      dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                      softcap=0.0, alibi_slopes=None, variant=None, variant_tensors=None,
-                     block_mask=None, dropout_seed=None):
+                     block_mask=None, dropout_seed=None, sinks=None, seqused_k=None):
     """flash_attn_varlen_func's checked arguments as ops.attention takes them: (q, k, v as (1,
-    total, heads, dim) views, scale, mask, band, varlen, mods); dropout_seed as in
-    dense_arguments."""
+    total, heads, dim) views, scale, mask, band, varlen, mods); dropout_seed and sinks as in
+    dense_arguments; seqused_k ((batch,) int32) joins varlen."""
     if dropout_p != 0.0:
         dropout_p = validate.check_dropout(dropout_p)
     q, k, v = _autocast(q, k, v)
@@ -144,7 +189,17 @@ def varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                max_seqlen_k - max_seqlen_q)
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     batch = cu_seqlens_q.shape[0] - 1
+    if seqused_k is not None:
+        if variant is not None or variant_tensors is not None or block_mask is not None:
+            raise NotImplementedError("flashgen: seqused_k with a config-defined variant is not "
+                                      "supported; trim the runs with cu_seqlens_k")
+        validate.check_int32("seqused_k", seqused_k, q)
+        if seqused_k.shape != (batch,):
+            raise ValueError(f"flashgen: seqused_k must have shape ({batch},), the keys each "
+                             f"sequence uses, got {tuple(seqused_k.shape)}")
+        varlen += (seqused_k.contiguous(),)
     mods = validate.modifiers(softcap, alibi_slopes, q4, batch)
+    mods = validate.with_sinks(mods, sinks, q4)
     if variant is not None or variant_tensors is not None or block_mask is not None:
         mask, band, mods = variant_args.prepare(variant, variant_tensors, block_mask, q4, k4,
                                                 batch, max_seqlen_q, max_seqlen_k, mask, band,

@@ -56,6 +56,15 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     return (*grads, bias_grad)
 
 
+def sinks_gradient(dout, out, lse, sinks):
+    """The gradient of the sinks (fp32 (heads,)) that joined the forward's softmax: a sink takes
+    probability P = exp(sink - lse) of each row and adds no value, so its gradient is minus the
+    sum over its head's rows of P times D = rowsum(dout * out), out and lse being the forward's
+    (with the sink). dout, out: (batch, seq, heads, dim) views, lse (batch, heads, seq)."""
+    rowsum = torch.einsum("bshd,bshd->bhs", dout.float(), out.float())
+    return -(torch.exp(sinks.view(1, -1, 1) - lse) * rowsum).sum((0, 2))
+
+
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
         band: Band, deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
         bias_grad=None) -> None:

@@ -55,22 +55,32 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
 
 
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-           cache_batch_idx, block_table, scale: float, softcap: float, alibi_slopes,
-           window_left: int, window_right: int, rotary_interleaved: bool, num_splits: int,
-           variant: str = "", *variant_tensors):
+           cache_batch_idx, cache_leftpad, block_table, scale: float, window_left: int,
+           window_right: int, softcap: float, alibi_slopes, sinks, rotary_interleaved: bool,
+           num_splits: int, variant: str = "", variant_tensor0=None, variant_tensor1=None,
+           variant_tensor2=None, variant_tensor3=None, cu_seqlens_q=None, max_seqlen_q: int = 0,
+           *, out=None):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
-    inputs (flashgen/kvcache.py); k_new and v_new, when given, are written into the caches
+    inputs (flashgen/kvcache.py), its arguments flashgen::fwd_kvcache's; k_new and v_new, when given, are written into the caches
     first (rotated when rotary_cos is given). The queries see the band of keys that
     validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
     > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
-    bottom-right like the mask; variant: a config-defined variant's name (its mask in place of
-    the band, which is then unbounded) with its checked tensors, on the decode kernel."""
+    bottom-right like the mask; sinks ((heads,) fp32) join each row's denominator;
+    cache_leftpad ((batch,) int32) starts each sequence's keys there; variant: a config-defined
+    variant's name (its mask in place of the band, which is then unbounded) with its checked
+    tensors, on the decode kernel. With cu_seqlens_q ((batch + 1,) int32) q is a
+    variable-length batch packed as (1, total, heads, dim), its longest sequence max_seqlen_q
+    (flash_attn_varlen_func over a paged cache): out is then q's shape and lse (1, heads,
+    total). out, when given, is the caller's buffer for the output (q's shape, aligned as
+    host.is_aligned checks: the kernels store 16 bytes at a time)."""
     padded_head_dim = _padded_head_dim(q.get_device(), q.dtype, q.shape[-1])
     if padded_head_dim is not None:
         return _decode_padded(padded_head_dim, q, k_cache, v_cache, k_new, v_new, rotary_cos,
-                              rotary_sin, cache_seqlens, cache_batch_idx, block_table, scale,
-                              softcap, alibi_slopes, window_left, window_right,
-                              rotary_interleaved, num_splits, variant, *variant_tensors)
+                              rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                              block_table, scale, window_left, window_right, softcap,
+                              alibi_slopes, sinks, rotary_interleaved, num_splits, variant,
+                              variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3,
+                              cu_seqlens_q, max_seqlen_q, out=out)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not host.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
@@ -82,6 +92,9 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     else:
         q, k_new, v_new = host.aligned(q, k_new, v_new)
     batch, seqlen_q, heads, head_dim = q.shape
+    packed = cu_seqlens_q is not None
+    if packed:
+        batch, seqlen_q = cu_seqlens_q.shape[0] - 1, max_seqlen_q
     heads_kv = k_cache.shape[2]
     paged = block_table is not None
     capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
@@ -96,10 +109,13 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     else:
         mask = "none"
     device_index = q.get_device()
-    packed_rows = seqlen_q * (heads // heads_kv)
+    group = heads // heads_kv
+    packed_rows = seqlen_q * group
     v = variants.resolve(variant) if variant else None
-    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, variant=v,
-                     variant_tensors=tuple(t for t in variant_tensors if t is not None))
+    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, variant=v,
+                     variant_tensors=tuple(t for t in (variant_tensor0, variant_tensor1,
+                                                       variant_tensor2, variant_tensor3)
+                                           if t is not None))
     if v is not None and v.mask_mod:
         mask = v.name
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
@@ -107,39 +123,44 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     spec = launcher.spec
     attention = None
     # A forced split count, or a variant (whose mask would need block ranges there), runs on the
-    # decode kernel, which splits.
-    if num_splits == 0 and v is None:
+    # decode kernel, which splits; so do packed queries and left-padded caches, which the
+    # forward's cache reads do not take.
+    if num_splits == 0 and v is None and not packed and cache_leftpad is None:
         attention = _cache_forward(device_index, dtype, head_dim, mask, batch * heads, seqlen_q,
                                    q, k_cache, v_cache, paged, mods.score_mod)
 
     # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads, seqlen_q), dtype=torch.float32, device=q.device)
+    out, lse = empty_outputs(q, cu_seqlens_q, out)
     if out.numel() == 0:
         return out, lse
     if attention is not None:
         num_splits = 0  # the decode launch appends only
     elif num_splits == 0:
-        packed_blocks = -(-packed_rows // spec.tile.block_m)
+        block_m = spec.tile.block_m
+        packed_blocks = -(-packed_rows // block_m)
+        work = batch * packed_blocks
+        if packed:  # the blocks with rows: at most one partial block per sequence
+            work = min(work, -(-q.shape[1] * group // block_m) + batch)
         keys = min(capacity, window_left + seqlen_q)  # the most any block's tokens see
-        num_splits = choose_splits(batch * heads_kv * packed_blocks,
-                                   -(-keys // spec.tile.block_n), slots)
+        num_splits = choose_splits(heads_kv * work, -(-keys // spec.tile.block_n), slots)
     o_accum = lse_accum = None
     if num_splits > 1:
-        o_accum = torch.empty((num_splits, batch, heads, seqlen_q, head_dim),
-                              dtype=torch.float32, device=q.device)
-        lse_accum = torch.empty((num_splits, batch, heads, seqlen_q), dtype=torch.float32,
-                                device=q.device)
+        rows = lse.numel()  # (batch, heads, seqlen_q) or (1, heads, total)
+        o_accum = torch.empty((num_splits, rows, head_dim), dtype=torch.float32,
+                              device=q.device)
+        lse_accum = torch.empty((num_splits, rows), dtype=torch.float32, device=q.device)
     rotary = rotary_cos is not None
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
     args = params.decode_args(
         q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
         heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity,
         **mods.fields(scale), **band.fields(), num_splits=num_splits,
+        cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
         o_accum=0 if o_accum is None else o_accum.data_ptr(),
         lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
         cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
         cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
+        cache_leftpad=0 if cache_leftpad is None else cache_leftpad.data_ptr(),
         block_table=block_table.data_ptr() if paged else 0,
         block_table_batch_stride=block_table.stride(0) if paged else 0,
         page_size=k_cache.shape[1] if paged else 0,
@@ -161,6 +182,15 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     return out, lse
 
 
+def empty_outputs(q, cu_seqlens_q=None, out=None):
+    """decode's out (the caller's buffer where given) and uninitialised lse: (batch, heads,
+    seqlen_q), or (1, heads, total) for packed queries; the fake implementation calls this too."""
+    batch, rows, heads, _ = q.shape
+    if out is None:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return out, torch.empty((batch, heads, rows), dtype=torch.float32, device=q.device)
+
+
 _CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
 
 
@@ -178,7 +208,7 @@ def _padded_head_dim(device_index: int, dtype: torch.dtype, head_dim: int) -> in
 _warned_padded: set[int] = set()
 
 
-def _decode_padded(head_dim: int, q, k_cache, v_cache, k_new, v_new, *arguments):
+def _decode_padded(head_dim: int, q, k_cache, v_cache, k_new, v_new, *arguments, out=None):
     """A head dim without decode kernels of its own runs, as FlashAttention-2 runs it, on
     zero-padded copies (exact: zero columns add nothing to q.k, and the output's padded columns
     are dropped); appended keys and values are copied back into the caller's caches. Copying the
@@ -194,11 +224,14 @@ def _decode_padded(head_dim: int, q, k_cache, v_cache, k_new, v_new, *arguments)
         return None if t is None else torch.nn.functional.pad(t, (0, head_dim - width))
 
     k_padded, v_padded = pad(k_cache), pad(v_cache)
-    out, lse = decode(pad(q), k_padded, v_padded, pad(k_new), pad(v_new), *arguments)
+    padded_out, lse = decode(pad(q), k_padded, v_padded, pad(k_new), pad(v_new), *arguments)
     if k_new is not None:
         k_cache.copy_(k_padded[..., :width])
         v_cache.copy_(v_padded[..., :width])
-    return out[..., :width].contiguous(), lse
+    if out is None:
+        return padded_out[..., :width].contiguous(), lse
+    out.copy_(padded_out[..., :width])
+    return out, lse
 
 
 def _cache_forward(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: int,

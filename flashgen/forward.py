@@ -18,8 +18,8 @@ from flashgen.modifiers import PLAIN, Modifiers
 
 
 def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_first: bool,
-            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, page_table=None,
-            max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN):
+            cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None, max_seqlen_q=0,
+            max_seqlen_k=0, *, mods: Modifiers = PLAIN):
     """out (q's shape and dtype, laid out by host.empty_output) and lse (batch, heads,
     seqlen_q) fp32.
 
@@ -29,19 +29,16 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     the variant and their arguments (flashgen/modifiers.py's Modifiers). With cu_seqlens_q and
     cu_seqlens_k (int32, batch + 1) the views are a variable-length batch packed as (1, total,
     heads, dim), its longest sequences max_seqlen_q and
-    max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q).
-    seqused_k and page_table are the op schema's room for layouts not implemented here.
+    max_seqlen_k, each sequence's band aligned bottom-right; lse is then (1, heads, total_q);
+    seqused_k ((batch,) int32, with them) the keys each sequence attends to, the first of its
+    run. mods.sinks join each row's denominator (a row without keys: out 0, lse its sink).
     """
-    if seqused_k is not None or page_table is not None:
-        raise NotImplementedError("flashgen: seqused_k and page_table are not implemented in "
-                                  "flash_attn_func's kernels; flash_attn_with_kvcache takes a "
-                                  "paged cache")
     batch, seqlen_q, heads, head_dim = q.shape
     seqlen_k = k.shape[1]
     sequences = None
     if cu_seqlens_q is not None:  # the kernels read the batch's sizes from these, not the views
         sequences = (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), cu_seqlens_q.shape[0] - 1,
-                     max_seqlen_q, max_seqlen_k)
+                     max_seqlen_q, max_seqlen_k, 0 if seqused_k is None else seqused_k.data_ptr())
         batch, seqlen_q = sequences[2], max_seqlen_q
     launcher, padded_head_dim, fields, tma_inputs = _plan(
         q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
@@ -50,9 +47,12 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
         return out, lse
-    if seqlen_k == 0:  # no key at all: every row sees nothing
+    if seqlen_k == 0:  # no key at all: every row sees nothing (but its sink)
         out.zero_()
-        lse.fill_(-math.inf)
+        if mods.sinks is None:
+            lse.fill_(-math.inf)
+        else:
+            lse.copy_(mods.sinks.view(1, -1, 1).expand(lse.shape))
         return out, lse
 
     if padded_head_dim is not None:
@@ -83,7 +83,8 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
     """Runs one compiled forward kernel on aligned (batch, seq, heads, dim) views, on the
     tensors' device and its current stream; fields: its family's own FwdParams fields (a KV
     cache's among them). sequences: a variable-length batch's (cu_seqlens_q and cu_seqlens_k
-    addresses, batch, max_seqlen_q, max_seqlen_k), in place of the packed views' sizes. batch,
+    addresses, batch, max_seqlen_q, max_seqlen_k, seqused_k's address or 0), in place of the
+    packed views' sizes. batch,
     seqlen_k: where k and v are a KV cache, the sequences and each one's capacity (k's own
     extents are the cache's rows or pages)."""
     q_view_batch, seqlen_q, heads, _ = q.shape
@@ -91,9 +92,9 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
     batch = q_view_batch if batch is None else batch
     seqlen_k = kv_view_rows if seqlen_k is None else seqlen_k
     q_view_rows = seqlen_q
-    cu_seqlens_q = cu_seqlens_k = 0
+    cu_seqlens_q = cu_seqlens_k = seqused_k = 0
     if sequences is not None:
-        cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k = sequences
+        cu_seqlens_q, cu_seqlens_k, batch, seqlen_q, seqlen_k, seqused_k = sequences
     spec = launcher.spec
     # The launcher zeroes it (when its grid claims tiles); freed after the launch is queued, the
     # caching allocator reuses it in stream order.
@@ -103,7 +104,7 @@ def run(launcher: loader.Launcher, q, k, v, o, lse, scale: float, band: Band, fi
                            heads=heads, heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
                            **mods.fields(scale), **band.fields(),
                            cu_seqlens_q=cu_seqlens_q,
-                           cu_seqlens_k=cu_seqlens_k,
+                           cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k,
                            tile_counter=0 if counter is None else counter.data_ptr(),
                            q_view_batch=q_view_batch, q_view_rows=q_view_rows,
                            kv_view_batch=kv_view_batch, kv_view_rows=kv_view_rows, **fields)

@@ -14,7 +14,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, variant=None, variant_tensors=None):
+                            return_softmax_lse=False, *, s_aux=None, learnable_sink=None,
+                            variant=None, variant_tensors=None):
     """Attention of new queries over a KV cache, FlashAttention-2's interface.
 
     q: (batch, seqlen_q, nheads, headdim). k_cache, v_cache: (batch_cache, seqlen_cache,
@@ -26,7 +27,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     else (i, i + rotary_dim / 2). q is rotated at positions cache_seqlens + i when causal, else
     all at cache_seqlens. cache_seqlens: int or (batch,) int32, the keys already cached (None:
     the whole cache). cache_batch_idx: (batch,) int32, each sequence's row of a contiguous
-    cache. block_table: (batch, max_pages) int32. num_splits: 0 chooses how many blocks share
+    cache. cache_leftpad: (batch,) int32, a contiguous cache's first key of each sequence (its
+    keys are cache_leftpad .. cache_seqlens + seqlen_new - 1; masks and ALiBi count from it,
+    new keys and rotary positions do not), as FlashAttention-2's. block_table: (batch,
+    max_pages) int32. s_aux (or learnable_sink): (nheads,) fp32 sink logits that join each row's
+    softmax denominator (gpt-oss). num_splits: 0 chooses how many blocks share
     each sequence's keys (and lets calls of 256 or more new tokens attend on a forward that
     reads the cache, the hopper family on sm_90, where the pages are whole key blocks), N forces
     N on the decode kernel. The causal mask and window_size (as in flash_attn_func) are aligned
@@ -39,11 +44,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softmax_lse), lse (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe:
     nothing on the device is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
-    validate.check_unsupported(cache_leftpad=(cache_leftpad, None))
     validate.check_qkv(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
     batch, seqlen_q, heads, head_dim = q.shape
     mods = (validate.modifiers(softcap, alibi_slopes, q, batch)
             if softcap or alibi_slopes is not None else PLAIN)
+    mods = validate.with_sinks(mods, validate.sink_argument(s_aux, learnable_sink), q)
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
                          f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
@@ -61,6 +66,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     rotary_cos, rotary_sin = _check_rotary(q, rotary_cos, rotary_sin, k, capacity, head_dim)
     cache_seqlens = _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k,
                                          block_table)
+    if cache_leftpad is not None:
+        cache_leftpad = _check_leftpad(q, cache_leftpad, block_table, batch)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
         raise ValueError(f"flashgen: num_splits must be an int >= 0 (0: chosen per call), got "
                          f"{num_splits!r}")
@@ -75,12 +82,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                                                     batch, seqlen_q, capacity, mask, mods)
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
-                             cache_rows, rows_per_page)
+                             cache_rows, rows_per_page, cache_leftpad)
     out, lse = ops.attention_with_kvcache(op_schema.fwd_kvcache_arguments(
         q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
-        block_table=block_table, scale=scale, window_left=band.left, window_right=band.right,
-        softcap=mods.softcap, alibi_slopes=mods.alibi_slopes,
+        cache_leftpad=cache_leftpad, block_table=block_table, scale=scale,
+        window_left=band.left, window_right=band.right, softcap=mods.softcap,
+        alibi_slopes=mods.alibi_slopes, sinks=mods.sinks,
         rotary_interleaved=bool(rotary_interleaved), num_splits=num_splits, variant=name,
         variant_tensors=tensors))
     return (out, lse) if return_softmax_lse else out
@@ -116,6 +124,14 @@ def _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, ba
     if rows_per_page == 0:
         raise ValueError("flashgen: a paged k_cache must have pages of at least one key")
     return block_table.shape[1] * rows_per_page
+
+
+def _check_leftpad(q, cache_leftpad, block_table, batch):
+    if block_table is not None:
+        raise ValueError("flashgen: cache_leftpad left-pads a contiguous cache; a paged one "
+                         "starts each sequence where its block table's first page does")
+    return _int32_vector("cache_leftpad", cache_leftpad, q, batch,
+                         "each sequence's first key in the cache")
 
 
 def _check_new(q, k, v, batch, heads_kv, head_dim) -> int:
@@ -182,17 +198,28 @@ def _check_cache_seqlens(q, cache_seqlens, batch, seqlen_new, capacity, k, block
 
 
 def _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
-                         cache_rows, page_size) -> None:
+                         cache_rows, page_size, cache_leftpad=None,
+                         seqlens_name="cache_seqlens") -> None:
     """FLASHGEN_DEBUG_CHECKS=1: what lives on the device, read back (a sync; not in graphs).
     Only the block-table entries a call reads are checked: engines mark unused ones (-1, say)."""
     lengths = None
     if cache_seqlens is not None:
         low, high = int(cache_seqlens.min()), int(cache_seqlens.max())
         if low < 0 or high + seqlen_new > capacity:
-            raise ValueError(f"flashgen: cache_seqlens spans {low}..{high}; with {seqlen_new} "
+            raise ValueError(f"flashgen: {seqlens_name} spans {low}..{high}; with {seqlen_new} "
                              f"new keys each must lie in 0..{capacity - seqlen_new} "
                              f"({_holds(capacity, block_table)})")
         lengths = cache_seqlens.long() + seqlen_new
+    if cache_leftpad is not None and cache_leftpad.numel():
+        starts = cache_leftpad.long()
+        ends = (cache_seqlens.long() if cache_seqlens is not None
+                else torch.full_like(starts, capacity - seqlen_new))
+        bad = (starts < 0) | (starts > ends)
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0])
+            raise ValueError(f"flashgen: cache_leftpad[{row}] = {int(starts[row])} must lie in "
+                             f"0..cache_seqlens[{row}] = {int(ends[row])} (the first key cannot "
+                             f"come after the cached ones)")
     if cache_batch_idx is not None and cache_batch_idx.numel():
         low, high = int(cache_batch_idx.min()), int(cache_batch_idx.max())
         if low < 0 or high >= cache_rows:
@@ -208,3 +235,84 @@ def _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new
             raise ValueError(f"flashgen: block_table[{row}, {page}] = "
                              f"{int(block_table[row, page])} is not a page of k_cache (it has "
                              f"{cache_rows})")
+
+
+def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                 max_seqlen_k, block_table, softmax_scale, causal, window_size, softcap,
+                 alibi_slopes, sinks, num_splits, out):
+    """flash_attn_varlen_func over a paged cache (the call vLLM's FlashAttention backend makes):
+    q (total_q, nheads, headdim) packed by cu_seqlens_q, over k_cache and v_cache (num_pages,
+    page_size, nheads_k, headdim) and block_table (batch, max_pages) int32; each sequence's keys
+    are its first seqused_k[b] ((batch,) int32), else cu_seqlens_k[b + 1] - cu_seqlens_k[b].
+    Runs on the KV-cache kernels, which take a mix of prefill and decode rows in one launch;
+    nothing on the device is read on the host, so a CUDA graph replays it with new lengths and
+    tables. Returns out (the caller's buffer where given) and lse (nheads, total_q) fp32."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        want = 3 if name == "q" else 4
+        if isinstance(t, torch.Tensor) and t.dim() != want:
+            layout = ("(total_q, nheads, headdim)" if name == "q"
+                      else "(num_pages, page_size, nheads_k, headdim) with block_table")
+            raise ValueError(f"flashgen: {name} must be {layout}, got shape {tuple(t.shape)}")
+    q4 = q.unsqueeze(0) if isinstance(q, torch.Tensor) else q
+    validate.check_qkv(("q", "k_cache", "v_cache"), q4, k_cache, v_cache)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    total_q, heads, head_dim = q.shape
+    pages, page_size, heads_kv, cache_head_dim = k_cache.shape
+    if cache_head_dim != head_dim:
+        raise ValueError(f"flashgen: q's head dim {head_dim} and k_cache's {cache_head_dim} "
+                         f"differ")
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
+                         f"k_cache's heads ({heads_kv})")
+    validate.check_int32("cu_seqlens_q", cu_seqlens_q, q)
+    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+        raise ValueError(f"flashgen: cu_seqlens_q must be 1-D with batch + 1 entries, got shape "
+                         f"{tuple(cu_seqlens_q.shape)}")
+    batch = cu_seqlens_q.shape[0] - 1
+    cu_seqlens_q = cu_seqlens_q.contiguous()
+    if isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int) or max_seqlen_q < 0:
+        raise ValueError(f"flashgen: max_seqlen_q must be an int >= 0 (the longest query "
+                         f"sequence), got {max_seqlen_q!r}")
+    capacity = _check_layout(q4, pages, page_size, block_table, None, batch)
+    if seqused_k is not None:
+        lengths = _int32_vector("seqused_k", seqused_k, q, batch, "the keys each sequence uses")
+    elif cu_seqlens_k is not None:
+        validate.check_int32("cu_seqlens_k", cu_seqlens_k, q)
+        if cu_seqlens_k.shape != (batch + 1,):
+            raise ValueError(f"flashgen: cu_seqlens_k must have shape ({batch + 1},) as "
+                             f"cu_seqlens_q, got {tuple(cu_seqlens_k.shape)}")
+        lengths = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    else:
+        raise ValueError("flashgen: with block_table, pass seqused_k (or cu_seqlens_k): the "
+                         "keys each sequence has in its pages")
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or num_splits < 0:
+        raise ValueError(f"flashgen: num_splits must be an int >= 0 (0: chosen per call), got "
+                         f"{num_splits!r}")
+    if out is not None:
+        validate.check_out(out, q)
+    scale = validate.check_scale(softmax_scale, head_dim)
+    mask, band = validate.band(causal, window_size, max_seqlen_q, capacity,
+                               capacity - max_seqlen_q)
+    mods = (validate.modifiers(softcap, alibi_slopes, q4, batch)
+            if softcap or alibi_slopes is not None else PLAIN)
+    mods = validate.with_sinks(mods, sinks, q4)
+    if validate.debug_checks():
+        starts = cu_seqlens_q.tolist()
+        if starts[0] != 0 or starts[-1] != total_q or any(
+                b < a or b - a > max_seqlen_q for a, b in zip(starts, starts[1:])):
+            raise ValueError(f"flashgen: cu_seqlens_q must rise from 0 to total_q = {total_q} "
+                             f"in steps of at most max_seqlen_q = {max_seqlen_q}, got {starts}")
+        _check_device_values(lengths, None, block_table, 0, capacity, pages, page_size,
+                             seqlens_name="seqused_k" if seqused_k is not None
+                             else "cu_seqlens_k's lengths")
+    out4, lse = ops.attention_with_kvcache(op_schema.fwd_kvcache_arguments(
+        q=q4, k_cache=k_cache, v_cache=v_cache, k_new=None, v_new=None, rotary_cos=None,
+        rotary_sin=None, cache_seqlens=lengths, cache_batch_idx=None, cache_leftpad=None,
+        block_table=block_table, scale=scale, window_left=band.left, window_right=band.right,
+        softcap=mods.softcap, alibi_slopes=mods.alibi_slopes, sinks=mods.sinks,
+        rotary_interleaved=False, num_splits=num_splits, variant="", variant_tensors=(),
+        cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q),
+        out=None if out is None else out.unsqueeze(0))
+    return out4.squeeze(0), lse.squeeze(0)

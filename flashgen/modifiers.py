@@ -18,7 +18,8 @@ class Modifiers:
     config-defined variant (codegen/variants.py) with its tensors, contiguous in its table's
     order, and, where it has a mask, the mask's block ranges (common/variant.cuh); dropout_p > 0
     drops probabilities under the Philox key in dropout_seed, a (1,) int64 device tensor
-    (common/dropout.cuh)."""
+    (common/dropout.cuh); sinks, a contiguous fp32 (heads,) device tensor, joins each row's
+    softmax denominator (common/sinks.cuh)."""
     softcap: float = 0.0
     alibi_slopes: object = None
     attn_bias: object = None          # fp32 (batch, heads, seqlen_q, seqlen_k), keys contiguous
@@ -27,6 +28,7 @@ class Modifiers:
     mask_ranges: object = None
     dropout_p: float = 0.0
     dropout_seed: object = None
+    sinks: object = None
 
     @property
     def dropout(self) -> bool:
@@ -69,6 +71,8 @@ class Modifiers:
             fields["mask_ranges"] = self.mask_ranges.data_ptr()
         if self.dropout:
             fields.update(dropout_p=self.dropout_p, dropout_seed=self.dropout_seed.data_ptr())
+        if self.sinks is not None:
+            fields["sinks"] = self.sinks.data_ptr()
         for i, tensor in enumerate(self.variant_tensors):
             fields[f"variant_tensor{i}"] = tensor.data_ptr()
             fields.update({f"variant_size{i}_{d}": size for d, size in enumerate(tensor.shape)})

@@ -76,6 +76,8 @@ ARGUMENTS = (
     Argument("rotary_sin", "Tensor?", (FWD_KVCACHE,)),
     Argument("cache_seqlens", "Tensor?", (FWD_KVCACHE,)),
     Argument("cache_batch_idx", "Tensor?", (FWD_KVCACHE,)),
+    Argument("cache_leftpad", "Tensor?", (FWD_KVCACHE,), "each sequence's first key's position "
+             "in a contiguous cache"),
     Argument("block_table", "Tensor?", (FWD_KVCACHE,)),
     Argument("scale", "float", (FWD, BWD, FWD_KVCACHE), "applied to q.k"),
     Argument("mask", "str", _ATTENTION, "a mask kind (codegen/masks.py)"),
@@ -90,6 +92,10 @@ ARGUMENTS = (
     Argument("softcap", "float", (FWD, BWD, FWD_KVCACHE), source="mods.softcap"),
     Argument("alibi_slopes", "Tensor?", (FWD, BWD, FWD_KVCACHE), source="mods.alibi_slopes"),
     Argument("attn_bias", "Tensor?", _ATTENTION, source="mods.attn_bias", gradient="dbias"),
+    # Attention sinks: (heads,) fp32 logits that join each row's softmax denominator
+    # (common/sinks.cuh); bwd returns their gradient.
+    Argument("sinks", "Tensor?", (FWD, BWD, FWD_KVCACHE), source="mods.sinks",
+             gradient="dsinks"),
     Argument("rotary_interleaved", "bool", (FWD_KVCACHE,)),
     Argument("num_splits", "int", (FWD_KVCACHE,), "0: flashgen/decode.py chooses"),
     # A config-defined variant (flashgen/variants.py) by name, or "", with its tensors as separate
@@ -108,21 +114,23 @@ ARGUMENTS = (
     Argument("deterministic", "bool", _ATTENTION, "the backward bit-reproducible"),
     Argument("heads_first", "bool", _ATTENTION, "outputs laid out (batch, heads, seq, dim)"),
     # A variable-length batch packed into (1, total rows, heads, dim) views
-    # (flash_attn_varlen_func) and its longest lengths; seqused_k and page_table are room the
-    # kernels refuse until they exist.
-    Argument("cu_seqlens_q", "Tensor?", (FWD, BWD, MASK_RANGES), default=None,
+    # (flash_attn_varlen_func) and its longest lengths; over a KV cache (fwd_kvcache) only the
+    # queries are, the cache's lengths being cache_seqlens. seqused_k: the keys each sequence
+    # uses of its run (forward only).
+    Argument("cu_seqlens_q", "Tensor?", (FWD, BWD, FWD_KVCACHE, MASK_RANGES), default=None,
              source="varlen[0]"),
     Argument("cu_seqlens_k", "Tensor?", (FWD, BWD, MASK_RANGES), default=None,
              source="varlen[1]"),
-    Argument("seqused_k", "Tensor?", (FWD,), default=None),
-    Argument("page_table", "Tensor?", (FWD,), default=None),
-    Argument("max_seqlen_q", "SymInt", (FWD, BWD, MASK_RANGES), default=0, source="varlen[2]"),
+    Argument("seqused_k", "Tensor?", (FWD,), default=None,
+             source="varlen[4] if len(varlen) > 4 else None"),
+    Argument("max_seqlen_q", "SymInt", (FWD, BWD, FWD_KVCACHE, MASK_RANGES), default=0,
+             source="varlen[2]"),
     Argument("max_seqlen_k", "SymInt", (FWD, BWD, MASK_RANGES), default=0, source="varlen[3]"),
 )
 
 # Each op's outputs, by name.
 RETURNS = {FWD: "(Tensor out, Tensor lse)",
-           BWD: "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias)",
+           BWD: "(Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor dsinks)",
            FWD_KVCACHE: "(Tensor out, Tensor lse)",
            MASK_RANGES: "Tensor"}
 

@@ -74,9 +74,9 @@ def attention_backward(dout, q, k, v, out, lse, scale: float, mask: str, band: B
     arguments = SAVED.bwd_order((dout, False, *SAVED.tensors(arguments), out, lse,
                                  *SAVED.values(arguments)))
     if _runs_plain_eager(_bwd_inputs(arguments)):
-        dq, dk, dv, _ = _bwd_cuda(*arguments)
+        dq, dk, dv, *_ = _bwd_cuda(*arguments)
     else:
-        dq, dk, dv, _ = torch.ops.flashgen.bwd.default(*arguments)
+        dq, dk, dv, *_ = torch.ops.flashgen.bwd.default(*arguments)
     return dq, dk, dv
 
 
@@ -120,17 +120,18 @@ def _present(*slots) -> tuple:
     return tuple(t for t in slots if t is not None)
 
 
-def _modifiers(softcap, alibi_slopes, attn_bias, variant, variant_tensors, mask_ranges,
+def _modifiers(softcap, alibi_slopes, attn_bias, sinks, variant, variant_tensors, mask_ranges,
                dropout_p, dropout_seed) -> Modifiers:
     if not variant:
-        if (softcap == 0.0 and alibi_slopes is None and attn_bias is None
+        if (softcap == 0.0 and alibi_slopes is None and attn_bias is None and sinks is None
                 and dropout_p == 0.0):
             return PLAIN  # the common call: no object to build
         return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
-                         dropout_p=dropout_p, dropout_seed=dropout_seed)
+                         dropout_p=dropout_p, dropout_seed=dropout_seed, sinks=sinks)
     return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, attn_bias=attn_bias,
                      variant=variants.resolve(variant), variant_tensors=_present(*variant_tensors),
-                     mask_ranges=mask_ranges, dropout_p=dropout_p, dropout_seed=dropout_seed)
+                     mask_ranges=mask_ranges, dropout_p=dropout_p, dropout_seed=dropout_seed,
+                     sinks=sinks)
 
 
 def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
@@ -151,12 +152,18 @@ def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
     return True
 
 
-def attention_with_kvcache(arguments: tuple):
+def attention_with_kvcache(arguments: tuple, out=None):
     """out, lse = flashgen::fwd_kvcache(*arguments) for validated arguments in its order
-    (op_schema.fwd_kvcache_arguments takes them by name)."""
+    (op_schema.fwd_kvcache_arguments takes them by name). out: the caller's buffer for the output
+    (validated), written by the kernel itself on a plain eager call (a CUDA graph's capture
+    among them), else copied into."""
     if _runs_plain_eager(t for t in _kvcache_inputs(arguments) if t is not None):
-        return _fwd_kvcache_cuda(*arguments)
-    return torch.ops.flashgen.fwd_kvcache.default(*arguments)
+        if out is not None and out.stride(-1) == 1 and host.is_aligned(out):  # 16-byte stores
+            return decode.decode(*arguments, out=out)
+        result, lse = decode.decode(*arguments)
+    else:
+        result, lse = torch.ops.flashgen.fwd_kvcache.default(*arguments)
+    return (result, lse) if out is None else (out.copy_(result), lse)
 
 
 # The tensors whose kind decides where fwd_kvcache runs (the rest are small int32 and rotary
@@ -167,34 +174,33 @@ _kvcache_inputs = operator.itemgetter(*(_FWD_KVCACHE.position[name] for name in 
 
 @_FWD_KVCACHE.implements
 def _fwd_kvcache_cuda(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-                      cache_batch_idx, block_table, scale, window_left, window_right, softcap,
-                      alibi_slopes, rotary_interleaved, num_splits, variant, variant_tensor0,
-                      variant_tensor1, variant_tensor2, variant_tensor3):
+                      cache_batch_idx, cache_leftpad, block_table, scale, window_left,
+                      window_right, softcap, alibi_slopes, sinks, rotary_interleaved, num_splits,
+                      variant, variant_tensor0, variant_tensor1, variant_tensor2,
+                      variant_tensor3, cu_seqlens_q=None, max_seqlen_q=0):
     return decode.decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
-                         cache_seqlens, cache_batch_idx, block_table, scale, softcap,
-                         alibi_slopes, window_left, window_right, rotary_interleaved, num_splits,
-                         variant, variant_tensor0, variant_tensor1, variant_tensor2,
-                         variant_tensor3)
+                         cache_seqlens, cache_batch_idx, cache_leftpad, block_table, scale,
+                         window_left, window_right, softcap, alibi_slopes, sinks,
+                         rotary_interleaved, num_splits, variant, variant_tensor0,
+                         variant_tensor1, variant_tensor2, variant_tensor3, cu_seqlens_q,
+                         max_seqlen_q)
 
 
 def _fwd_kvcache_fake(*arguments):
-    q = _FWD_KVCACHE.view(arguments).q
-    batch, seqlen_q, heads, _ = q.shape
-    return (torch.empty_like(q, memory_format=torch.contiguous_format),
-            q.new_empty(batch, heads, seqlen_q, dtype=torch.float32))
+    a = _FWD_KVCACHE.view(arguments)
+    return decode.empty_outputs(a.q, a.cu_seqlens_q)
 
 
 @_FWD.implements
 def _fwd_cuda(q, k, v, scale, mask, mask_offset, window_left, window_right, softcap,
-              alibi_slopes, attn_bias, variant, variant_tensor0, variant_tensor1,
+              alibi_slopes, attn_bias, sinks, variant, variant_tensor0, variant_tensor1,
               variant_tensor2, variant_tensor3, mask_ranges, dropout_p, dropout_seed,
               deterministic, heads_first, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
-              page_table=None, max_seqlen_q=0, max_seqlen_k=0):
+              max_seqlen_q=0, max_seqlen_k=0):
     return forward.forward(q, k, v, SUPPORTED_DTYPES[q.dtype], scale, mask,
                            Band(mask_offset, window_left, window_right), heads_first,
-                           cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, max_seqlen_q,
-                           max_seqlen_k,
-                           mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
+                           cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                           mods=_modifiers(softcap, alibi_slopes, attn_bias, sinks, variant,
                                            (variant_tensor0, variant_tensor1, variant_tensor2,
                                             variant_tensor3), mask_ranges, dropout_p,
                                            dropout_seed))
@@ -207,7 +213,7 @@ def _fwd_fake(*arguments):
 
 @_BWD.implements
 def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset, window_left,
-              window_right, softcap, alibi_slopes, attn_bias, variant, variant_tensor0,
+              window_right, softcap, alibi_slopes, attn_bias, sinks, variant, variant_tensor0,
               variant_tensor1, variant_tensor2, variant_tensor3, mask_ranges, dropout_p,
               dropout_seed, deterministic, heads_first, cu_seqlens_q=None, cu_seqlens_k=None,
               max_seqlen_q=0, max_seqlen_k=0):
@@ -217,28 +223,35 @@ def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset,
         dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
         Band(mask_offset, window_left, window_right), deterministic, heads_first, cu_seqlens_q,
         cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-        mods=_modifiers(softcap, alibi_slopes, attn_bias, variant,
+        mods=_modifiers(softcap, alibi_slopes, attn_bias, sinks, variant,
                         (variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3),
                         mask_ranges, dropout_p, dropout_seed),
         attn_bias_grad=attn_bias_grad)
-    return (*grads, q.new_empty(0, dtype=torch.float32) if dbias is None else dbias)
+    if dbias is None:
+        dbias = q.new_empty(0, dtype=torch.float32)
+    dsinks = (q.new_empty(0, dtype=torch.float32) if sinks is None
+              else backward.sinks_gradient(dout, out, lse, sinks))
+    return (*grads, dbias, dsinks)
 
 
 def _bwd_fake(*arguments):
     """backward.backward's contract: dq, dk, dv shaped like q, k, v and laid out like out; dbias
-    (batch, heads, seqlen_q, seqlen_k) fp32 or empty."""
+    (batch, heads, seqlen_q, seqlen_k) fp32 or empty; dsinks like sinks or empty."""
     a = _BWD.view(arguments)
     batch, seqlen_q, heads, _ = a.q.shape
     dbias = (a.q.new_empty(batch, heads, seqlen_q, a.k.shape[1], dtype=torch.float32)
              if a.attn_bias_grad else a.q.new_empty(0, dtype=torch.float32))
-    return (*(host.empty_output(t, a.heads_first) for t in (a.q, a.k, a.v)), dbias)
+    dsinks = (a.q.new_empty(0, dtype=torch.float32) if a.sinks is None
+              else torch.empty_like(a.sinks))
+    return (*(host.empty_output(t, a.heads_first) for t in (a.q, a.k, a.v)), dbias, dsinks)
 
 
 # The tensors whose kind decides where bwd runs.
 _bwd_inputs = operator.itemgetter(*(_BWD.position[name] for name in (
     "dout", "q", "k", "v", "out", "lse")))
-# attn_bias's place among fwd's arguments: its needs_input_grad asks for dbias.
+# attn_bias's place among fwd's arguments: its needs_input_grad asks for dbias; sinks' too.
 _ATTN_BIAS = _FWD.position["attn_bias"]
+_SINKS = _FWD.position["sinks"]
 
 
 def _save_for_backward(ctx, arguments, output):
@@ -267,6 +280,8 @@ def _fwd_backward(ctx, dout, _dlse):
         gradients[position] = outputs[output]
     if not bias_grad:  # bwd's dbias is then an empty tensor
         gradients[_ATTN_BIAS] = None
+    if not ctx.needs_input_grad[_SINKS]:  # no sinks, or sinks that want no gradient
+        gradients[_SINKS] = None
     return tuple(gradients)
 
 

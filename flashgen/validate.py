@@ -247,3 +247,43 @@ def attn_bias(attn_mask, q, seqlen_k: int):
                         f"{attn_mask.dtype}")
     bias = bias.expand(shape)
     return bias if bias.stride(-1) == 1 else bias.contiguous()
+
+
+def sink_argument(s_aux, learnable_sink):
+    """The sinks by either name (s_aux: vLLM's and gpt-oss's; learnable_sink: FlashAttention-4's)."""
+    if s_aux is not None and learnable_sink is not None:
+        raise ValueError("flashgen: s_aux and learnable_sink name the same sinks; pass one")
+    return s_aux if learnable_sink is None else learnable_sink
+
+
+def with_sinks(mods, sinks, q):
+    """mods with checked sinks: one fp32 logit per query head, (nheads,) on q's device, in the
+    scaled scores' units (q: (batch, seq, nheads, headdim) as the kernels see it)."""
+    if sinks is None:
+        return mods
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"flashgen: s_aux (the sinks) must be a torch.Tensor, got "
+                        f"{type(sinks).__name__}")
+    heads = q.shape[2]
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"flashgen: s_aux (the sinks) must be float32, got {sinks.dtype}; pass "
+                        f"s_aux.float() (its gradient flows back through the cast)")
+    if sinks.device != q.device:
+        raise ValueError(f"flashgen: s_aux (the sinks) is on {sinks.device}, q on {q.device}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"flashgen: s_aux (the sinks) must have shape (nheads,) = ({heads},), "
+                         f"one logit per query head, got {tuple(sinks.shape)}")
+    return dataclasses.replace(mods, sinks=sinks.contiguous())
+
+
+def check_out(out, like, name: str = "out") -> None:
+    """A caller's buffer for an output shaped and typed like `like` (any strides: the kernels
+    write an aligned one in place, another through a copy)."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != like.shape:
+        raise ValueError(f"flashgen: {name} must have shape {tuple(like.shape)}, got "
+                         f"{tuple(out.shape)}")
+    if out.dtype != like.dtype or out.device != like.device:
+        raise TypeError(f"flashgen: {name} must be {like.dtype} on {like.device}, got "
+                        f"{out.dtype} on {out.device}")

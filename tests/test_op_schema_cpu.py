@@ -43,7 +43,7 @@ def test_the_backward_reuses_what_fwd_and_bwd_share_and_returns_gradients_by_nam
     shared = [n for n in fwd.names if n in bwd.names]
     assert [n for n in bwd.names if n not in shared] == ["dout", "out", "lse", "attn_bias_grad"]
     assert {a.name: a.gradient for a in ARGUMENTS if a.gradient} == {
-        "q": "dq", "k": "dk", "v": "dv", "attn_bias": "dbias"}
+        "q": "dq", "k": "dk", "v": "dv", "attn_bias": "dbias", "sinks": "dsinks"}
 
 
 @pytest.fixture
@@ -101,13 +101,13 @@ def fwd_values():
         # shaped as the backward's dbias (of the packed views: the public functions refuse a
         # bias with a variable-length batch, the op does not)
         attn_bias=torch.randn(1, HEADS, 8, 13, requires_grad=True),
-        variant="relative_bias",
+        sinks=torch.randn(HEADS, requires_grad=True), variant="relative_bias",
         **{f"variant_tensor{i}": t for i, t in enumerate(tensors)},
         mask_ranges=torch.zeros(2, 1, 5, dtype=torch.int32), dropout_p=0.25,
         dropout_seed=torch.tensor([123]), deterministic=True, heads_first=True,
         cu_seqlens_q=torch.tensor(CU_SEQLENS_Q, dtype=torch.int32),
         cu_seqlens_k=torch.tensor(CU_SEQLENS_K, dtype=torch.int32),
-        seqused_k=None, page_table=None, max_seqlen_q=MAX_SEQLEN_Q, max_seqlen_k=MAX_SEQLEN_K)
+        seqused_k=None, max_seqlen_q=MAX_SEQLEN_Q, max_seqlen_k=MAX_SEQLEN_K)
 
 
 def shared_fields_hold(args, a: dict) -> dict:
@@ -128,6 +128,7 @@ def shared_fields_hold(args, a: dict) -> dict:
         "attn_bias": (args.attn_bias, args.attn_bias_batch_stride, args.attn_bias_head_stride,
                       args.attn_bias_row_stride) == (a["attn_bias"].data_ptr(),
                                                      *a["attn_bias"].stride()[:3]),
+        "sinks": args.sinks == a["sinks"].data_ptr(),
         **{f"variant_tensor{i}": slot_holds(args, i, t) for i, t in enumerate(tensors)},
         "mask_ranges": args.mask_ranges == a["mask_ranges"].data_ptr(),
         "dropout_p": args.dropout_p == pytest.approx(a["dropout_p"]),
@@ -158,8 +159,8 @@ def test_every_fwd_and_bwd_argument_reaches_the_kernels_params(mocked):
         "variant": plan["score_mod"] == a["variant"],  # a variant with a score_mod
         "heads_first": pointer_and_strides(fwd, "o", out)
         and out.stride() == heads_first_strides(out),
-        # consumed by the backward alone (below)
-        "deterministic": True, "seqused_k": True, "page_table": True,
+        # consumed by the backward alone (below); seqused_k: its own test
+        "deterministic": True, "seqused_k": True,
     }
     assert plan["dropout"] is True and plan["reads"] == "varlen"
     assert fwd.softmax_lse == lse.data_ptr()
@@ -182,14 +183,14 @@ def test_every_fwd_and_bwd_argument_reaches_the_kernels_params(mocked):
     }
     assert choice["dropout"] is True and choice["varlen"] is True
     assert reached == dict.fromkeys(OPS[BWD].names, True)
-    assert all(t.grad is not None for t in (a["q"], a["k"], a["v"], a["attn_bias"]))
+    assert all(t.grad is not None for t in (a["q"], a["k"], a["v"], a["attn_bias"], a["sinks"]))
 
 
-@pytest.mark.parametrize("name", ["seqused_k", "page_table"])
-def test_layouts_fwd_has_room_for_reach_the_forward_which_refuses_them(mocked, name):
-    a = {**fwd_values(), name: torch.zeros(2, dtype=torch.int32)}
-    with pytest.raises(NotImplementedError, match="seqused_k and page_table"):
+def test_seqused_k_reaches_the_forwards_params(mocked):
+    a = {**fwd_values(), "seqused_k": torch.tensor([2, 7], dtype=torch.int32)}
+    with torch.no_grad():
         OP[FWD](*(a[n] for n in OPS[FWD].names))
+    assert launched(mocked, FWD).seqused_k == a["seqused_k"].data_ptr()
 
 
 def test_attentions_call_takes_each_argument_from_band_mods_and_varlen(monkeypatch):
@@ -201,7 +202,8 @@ def test_attentions_call_takes_each_argument_from_band_mods_and_varlen(monkeypat
     a = fwd_values()
     tensors = tuple(a[f"variant_tensor{i}"] for i in range(params.VARIANT_TENSORS))
     mods = Modifiers(softcap=a["softcap"], alibi_slopes=a["alibi_slopes"],
-                     attn_bias=a["attn_bias"], variant=variants.resolve(a["variant"]),
+                     attn_bias=a["attn_bias"], sinks=a["sinks"],
+                     variant=variants.resolve(a["variant"]),
                      variant_tensors=tensors[:2], mask_ranges=a["mask_ranges"],
                      dropout_p=a["dropout_p"], dropout_seed=a["dropout_seed"])
     band = Band(a["mask_offset"], a["window_left"], a["window_right"])
@@ -220,8 +222,9 @@ def test_attentions_call_takes_each_argument_from_band_mods_and_varlen(monkeypat
 def test_every_fwd_kvcache_argument_reaches_the_kernels_params(mocked):
     batch, new, page = 2, 3, 16
     tensors = variant_tensors()
+    # queries packed as flash_attn_varlen_func's over a paged cache: 2 and 3 rows
     a = dict(
-        q=torch.randn(batch, new, HEADS, HEAD_DIM, dtype=torch.bfloat16),
+        q=torch.randn(1, 5, HEADS, HEAD_DIM, dtype=torch.bfloat16),
         k_cache=torch.zeros(6, page, HEADS_KV, HEAD_DIM, dtype=torch.bfloat16),
         v_cache=torch.zeros(7, page, HEADS_KV, HEAD_DIM, dtype=torch.bfloat16)[1:],
         k_new=torch.randn(batch, new, HEADS_KV, HEAD_DIM, dtype=torch.bfloat16),
@@ -230,10 +233,13 @@ def test_every_fwd_kvcache_argument_reaches_the_kernels_params(mocked):
         rotary_sin=torch.randn(48, 8, dtype=torch.bfloat16),
         cache_seqlens=torch.tensor([5, 20], dtype=torch.int32),
         cache_batch_idx=torch.tensor([1, 0], dtype=torch.int32),
+        cache_leftpad=torch.tensor([3, 1], dtype=torch.int32),
         block_table=torch.arange(10, dtype=torch.int32).view(batch, 5)[:, :3],
         scale=0.3, window_left=13, window_right=9, softcap=5.5,
-        alibi_slopes=torch.randn(batch, 6)[:, :HEADS], rotary_interleaved=False, num_splits=3,
-        variant="relative_bias", **{f"variant_tensor{i}": t for i, t in enumerate(tensors)})
+        alibi_slopes=torch.randn(batch, 6)[:, :HEADS], sinks=torch.randn(HEADS),
+        rotary_interleaved=False, num_splits=3, variant="relative_bias",
+        **{f"variant_tensor{i}": t for i, t in enumerate(tensors)},
+        cu_seqlens_q=torch.tensor([0, 2, 5], dtype=torch.int32), max_seqlen_q=new)
     out, lse = OP[FWD_KVCACHE](*(a[name] for name in OPS[FWD_KVCACHE].names))
 
     args = launched(mocked, FWD_KVCACHE)
@@ -249,6 +255,7 @@ def test_every_fwd_kvcache_argument_reaches_the_kernels_params(mocked):
         "rotary_sin": args.rotary_sin == a["rotary_sin"].data_ptr(),
         "cache_seqlens": args.cache_seqlens == a["cache_seqlens"].data_ptr(),
         "cache_batch_idx": args.cache_batch_idx == a["cache_batch_idx"].data_ptr(),
+        "cache_leftpad": args.cache_leftpad == a["cache_leftpad"].data_ptr(),
         "block_table": (args.block_table, args.block_table_batch_stride, args.page_size,
                         args.seqlen_k) == (a["block_table"].data_ptr(), 5, page, capacity),
         "scale": args.softmax_scale == pytest.approx(a["scale"]),
@@ -258,12 +265,16 @@ def test_every_fwd_kvcache_argument_reaches_the_kernels_params(mocked):
         "softcap": (args.softcap, args.scale_log2) == (a["softcap"], a["softcap"] * LOG2_E),
         "alibi_slopes": (args.alibi_slopes, args.alibi_batch_stride)
         == (a["alibi_slopes"].data_ptr(), 6),
+        "sinks": args.sinks == a["sinks"].data_ptr(),
         "rotary_interleaved": args.rotary_interleaved == 0,
         "num_splits": args.num_splits == a["num_splits"] and args.o_accum != 0,
         "variant": plan["score_mod"] == a["variant"],
         **{f"variant_tensor{i}": slot_holds(args, i, t) for i, t in enumerate(tensors)},
+        "cu_seqlens_q": (args.cu_seqlens_q, args.batch) == (a["cu_seqlens_q"].data_ptr(), batch),
+        "max_seqlen_q": args.seqlen_q == new,
     }
     assert reached == dict.fromkeys(OPS[FWD_KVCACHE].names, True)
+    assert lse.shape == (1, HEADS, 5)  # packed queries' statistics: (heads, total rows)
     assert pointer_and_strides(args, "o", out) and args.softmax_lse == lse.data_ptr()
 
 

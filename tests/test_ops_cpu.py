@@ -21,12 +21,12 @@ from flashgen.reference import attention_ref  # noqa: E402
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
-# The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
-# its four tensor slots, mask ranges, dropout_p and dropout_seed.
-NO_EXTRAS = (None, "", None, None, None, None, None, 0.0, None)
-# forward.forward's cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, max_seqlen_q and max_seqlen_k
-# for equal lengths (backward.backward takes all but seqused_k and page_table).
-NO_LAYOUT = (None, None, None, None, 0, 0)
+# The ops' arguments after alibi_slopes in a call without them: attn_bias, sinks, the variant's
+# name, its four tensor slots, mask ranges, dropout_p and dropout_seed.
+NO_EXTRAS = (None, None, "", None, None, None, None, None, 0.0, None)
+# forward.forward's cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q and max_seqlen_k for equal
+# lengths (backward.backward takes all but seqused_k).
+NO_LAYOUT = (None, None, None, 0, 0)
 # (batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
 SHAPES = [(2, 17, 33, 8, 2, 64), (1, 1, 1, 4, 4, 32), (3, 40, 9, 6, 1, 128), (2, 0, 5, 2, 2, 64)]
 
@@ -56,23 +56,24 @@ def test_ops_are_registered_with_their_schemas_and_tags():
     assert str(FWD._schema) == (
         "flashgen::fwd(Tensor q, Tensor k, Tensor v, float scale, str mask, SymInt mask_offset, "
         "int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
-        "Tensor? attn_bias, str variant, Tensor? variant_tensor0, Tensor? variant_tensor1, "
+        "Tensor? attn_bias, Tensor? sinks, str variant, Tensor? variant_tensor0, "
+        "Tensor? variant_tensor1, "
         "Tensor? variant_tensor2, Tensor? variant_tensor3, Tensor? mask_ranges, "
         "float dropout_p, Tensor? dropout_seed, "
         "bool deterministic, bool heads_first, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-        "Tensor? seqused_k=None, Tensor? page_table=None, SymInt max_seqlen_q=0, "
+        "Tensor? seqused_k=None, SymInt max_seqlen_q=0, "
         "SymInt max_seqlen_k=0) -> (Tensor out, Tensor lse)")
     assert str(BWD._schema) == (
         "flashgen::bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
         "bool attn_bias_grad, "
         "float scale, str mask, SymInt mask_offset, int window_left, int window_right, "
-        "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, str variant, "
+        "float softcap, Tensor? alibi_slopes, Tensor? attn_bias, Tensor? sinks, str variant, "
         "Tensor? variant_tensor0, "
         "Tensor? variant_tensor1, Tensor? variant_tensor2, Tensor? variant_tensor3, "
         "Tensor? mask_ranges, float dropout_p, Tensor? dropout_seed, bool deterministic, "
         "bool heads_first, Tensor? cu_seqlens_q=None, "
         "Tensor? cu_seqlens_k=None, SymInt max_seqlen_q=0, SymInt max_seqlen_k=0) "
-        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias)")
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dbias, Tensor dsinks)")
     for op in (FWD, BWD):
         assert torch.Tag.pt2_compliant_tag in op.tags
         assert torch.Tag.needs_fixed_stride_order in op.tags
@@ -104,15 +105,17 @@ def test_bwd_fake_has_the_kernels_shapes_and_strides(shape, heads_first):
         q, k, v = make_qkv(shape, device="cuda")
         out, lse = FWD(q, k, v, 0.125, "none", 0, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, False,
                        heads_first)
-        *grads, dbias = BWD(torch.randn_like(out), q, k, v, out, lse, False, 0.125, "none", 0,
-                            UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, True, heads_first)
-        *_, full_dbias = BWD(torch.randn_like(out), q, k, v, out, lse, True, 0.125, "none", 0,
+        *grads, dbias, dsinks = BWD(torch.randn_like(out), q, k, v, out, lse, False, 0.125,
+                                    "none", 0, UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, True,
+                                    heads_first)
+        _, _, _, full_dbias, _ = BWD(torch.randn_like(out), q, k, v, out, lse, True, 0.125, "none", 0,
                              UNBOUNDED, 0, 0.0, None, *NO_EXTRAS, True, heads_first)
     for grad, t in zip(grads, (q, k, v)):
         assert grad.shape == t.shape and grad.dtype == t.dtype and grad.device == t.device
         assert grad.stride() == expected_strides(t.shape, heads_first)
     batch, seqlen_q, heads, _ = q.shape
     assert dbias.shape == (0,) and dbias.dtype == torch.float32
+    assert dsinks.shape == (0,) and dsinks.dtype == torch.float32  # no sinks, no gradient
     assert full_dbias.shape == (batch, heads, seqlen_q, k.shape[1])
 
 
@@ -290,7 +293,7 @@ def reference_kernels(monkeypatch):
 
     def reference_backward(dout, q, k, v, out, lse, dtype, scale, mask, band, deterministic,
                            heads_first, *layout, mods, attn_bias_grad):
-        assert layout == NO_LAYOUT[:2] + NO_LAYOUT[4:] and mods.score_mod == "none"
+        assert layout == NO_LAYOUT[:2] + NO_LAYOUT[3:] and mods.score_mod == "none"
         assert not attn_bias_grad
         calls["backward"].append(dict(dout=dout, q=q, k=k, v=v, out=out, lse=lse, dtype=dtype,
                                       scale=scale, mask=mask, band=band,
@@ -441,7 +444,8 @@ def test_an_additive_bias_gets_the_backwards_dbias_only_when_it_requires_grad(bi
     def bwd(dout, q, k, v, out, lse, attn_bias_grad, *rest):
         flags.append(attn_bias_grad)
         dbias = torch.full((2, 8, 17, 33), 7.0) if attn_bias_grad else torch.empty(0)
-        return (*(torch.full_like(t, i + 1.0) for i, t in enumerate((q, k, v))), dbias)
+        return (*(torch.full_like(t, i + 1.0) for i, t in enumerate((q, k, v))), dbias,
+                torch.empty(0))
 
     with torch.library._scoped_library("flashgen", "IMPL") as library:
         library.impl("fwd", lambda q, *rest: forward.empty_outputs(q, False), "CPU")
@@ -492,7 +496,8 @@ def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
         cache = torch.empty(16, 16, 2, 64, dtype=torch.bfloat16, device="cuda")
         table = torch.empty(3, 5, dtype=torch.int32, device="cuda")
         seqlens = torch.empty(3, dtype=torch.int32, device="cuda")
-        out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, table,
-                           0.125, UNBOUNDED, 0, 0.0, None, True, 0, "", None, None, None, None)
+        out, lse = KVCACHE(q, cache, cache.clone(), None, None, None, None, seqlens, None, None,
+                           table, 0.125, UNBOUNDED, 0, 0.0, None, None, True, 0, "", None, None,
+                           None, None)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32

@@ -161,9 +161,17 @@ def _flash_attn_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q
     if num_splits > 1:
         raise RuntimeError("flashgen: num_splits > 1 is not supported by the varlen forward "
                            "(flash_attn_with_kvcache splits the keys)")
-    if block_table is not None or leftpad_k is not None or seqused_k is not None:
-        raise NotImplementedError("flashgen: the varlen forward takes no block_table, leftpad_k "
-                                  "or seqused_k yet")
+    if leftpad_k is not None:
+        raise NotImplementedError("flashgen: the varlen forward takes no leftpad_k; "
+                                  "flash_attn_with_kvcache takes cache_leftpad")
+    if block_table is not None or seqused_k is not None:
+        with torch.no_grad():
+            out, lse = flashgen.flash_attn_varlen_func(
+                q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                softmax_scale, causal, (window_size_left, window_size_right), softcap,
+                alibi_slopes, block_table=block_table, seqused_k=seqused_k,
+                num_splits=num_splits, return_softmax_lse=True)
+        return out, _with_fa2_lse((None, lse), True)[1], None, q.new_empty(0, dtype=torch.int64)
     with torch.no_grad():
         q4, k4, v4, scale, mask, band, varlen, mods = attention.varlen_arguments(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,

@@ -18,9 +18,9 @@ pytestmark = pytest.mark.gpu
 
 FWD = torch.ops.flashgen.fwd.default
 BWD = torch.ops.flashgen.bwd.default
-# The ops' arguments after alibi_slopes in a call without them: attn_bias, the variant's name,
-# its four tensor slots, mask ranges, dropout_p and dropout_seed.
-NO_EXTRAS = (None, "", None, None, None, None, None, 0.0, None)
+# The ops' arguments after alibi_slopes in a call without them: attn_bias, sinks, the variant's
+# name, its four tensor slots, mask ranges, dropout_p and dropout_seed.
+NO_EXTRAS = (None, None, "", None, None, None, None, None, 0.0, None)
 
 
 def flash(q, k, v):

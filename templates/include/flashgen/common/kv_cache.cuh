@@ -10,16 +10,18 @@
 
 namespace flashgen {
 
-// A sequence's keys in a cache: those cached before this call (where appended ones go) and the
-// ones attention covers, the appended ones included, never past the capacity (the host checks
-// what it can see, this bounds what it cannot).
+// A sequence's keys in a cache: the position of the first (cache_leftpad), those cached before
+// this call (where appended ones go) and the ones attention covers from the first, the appended
+// ones included, never past the capacity (the host checks what it can see, this bounds what it
+// cannot).
 struct CachedKeys {
-  int cached, seqlen_k;
+  int first, cached, seqlen_k;
 
   template <class Params>
   __device__ __forceinline__ CachedKeys(const Params& p, int batch)
-      : cached(p.cache_seqlens == nullptr ? p.seqlen_k - p.seqlen_new : p.cache_seqlens[batch]),
-        seqlen_k(min(cached + p.seqlen_new, p.seqlen_k)) {}
+      : first(p.cache_leftpad == nullptr ? 0 : max(0, p.cache_leftpad[batch])),
+        cached(p.cache_seqlens == nullptr ? p.seqlen_k - p.seqlen_new : p.cache_seqlens[batch]),
+        seqlen_k(max(0, min(cached + p.seqlen_new, p.seqlen_k) - first)) {}
 };
 
 struct KvCacheRows {
@@ -28,6 +30,7 @@ struct KvCacheRows {
   };
 
   int seqlen_k;      // the keys attention covers: the cached ones and the appended ones
+  int first;         // the first one's position (cache_leftpad): key i is at first + i
   int cached;        // the keys cached before this call (where appended ones go)
   int64_t k_base, v_base;  // the KV head's (and contiguous: the cache row's) offset
   int64_t k_row_stride, v_row_stride;
@@ -47,6 +50,7 @@ struct KvCacheRows {
       }
     }
     const CachedKeys keys(p, batch);
+    first = keys.first;
     cached = keys.cached;
     seqlen_k = keys.seqlen_k;
     const int64_t row = pages != nullptr ? 0
@@ -55,6 +59,7 @@ struct KvCacheRows {
     v_base = row * p.v_batch_stride + head_kv * p.v_head_stride;
   }
 
+  // Where the key at cache position `key` is (attention's key i is at position first + i).
   __device__ __forceinline__ Offsets offsets(int key) const {
     if (pages == nullptr) return {k_base + key * k_row_stride, v_base + key * v_row_stride};
     const int page_index = page_shift >= 0 ? key >> page_shift : key / page_size;

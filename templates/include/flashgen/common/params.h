@@ -93,8 +93,16 @@ struct AttentionParams {
   // sequence's causal mask aligns bottom-right and per-row statistics are (heads, total rows).
   // nullptr: equal lengths
   const int* cu_seqlens_q;
-  // (batch + 1,): the keys' starts, with cu_seqlens_q
+  // (batch + 1,): the keys' starts, with cu_seqlens_q; nullptr with cu_seqlens_q: the keys are a KV
+  // cache (KV_CACHE_FIELDS)
   const int* cu_seqlens_k;
+  // (batch,), with cu_seqlens_q: the keys each sequence attends to, the first seqused_k[b] of its
+  // run in cu_seqlens_k (FlashAttention-3's); nullptr: the whole run
+  const int* seqused_k;
+  // (heads,) fp32: each query head's learnable sink logit, in the scaled scores' units, which joins
+  // every row's softmax denominator with no value (gpt-oss's s_aux); the forward passes fold it
+  // into o and softmax_lse. nullptr: none
+  const float* sinks;
 };
 
 struct FwdParams : AttentionParams {
@@ -125,6 +133,10 @@ struct FwdParams : AttentionParams {
   const int* cache_seqlens;
   // (batch,): the cache row of each sequence; nullptr: its own index
   const int* cache_batch_idx;
+  // (batch,), a contiguous cache: each sequence's first key's position (FlashAttention-2's
+  // cache_leftpad): attention covers positions cache_leftpad .. cache_seqlens + seqlen_new - 1, key
+  // indices (masks, ALiBi) count from it, appended keys and rotary positions do not. nullptr: 0
+  const int* cache_leftpad;
   // (batch, pages per sequence): a paged cache's page of each run of page_size keys; k and v are
   // then (pages, page_size, heads_kv, head_dim). nullptr: a contiguous cache
   const int* block_table;
@@ -235,6 +247,10 @@ struct DecodeParams : AttentionParams {
   const int* cache_seqlens;
   // (batch,): the cache row of each sequence; nullptr: its own index
   const int* cache_batch_idx;
+  // (batch,), a contiguous cache: each sequence's first key's position (FlashAttention-2's
+  // cache_leftpad): attention covers positions cache_leftpad .. cache_seqlens + seqlen_new - 1, key
+  // indices (masks, ALiBi) count from it, appended keys and rotary positions do not. nullptr: 0
+  const int* cache_leftpad;
   // (batch, pages per sequence): a paged cache's page of each run of page_size keys; k and v are
   // then (pages, page_size, heads_kv, head_dim). nullptr: a contiguous cache
   const int* block_table;
@@ -282,11 +298,12 @@ struct DecodeParams : AttentionParams {
   X(variant_size1_0) X(variant_size1_1) X(variant_size1_2) X(variant_size1_3) X(variant_tensor2) \
   X(variant_size2_0) X(variant_size2_1) X(variant_size2_2) X(variant_size2_3) X(variant_tensor3) \
   X(variant_size3_0) X(variant_size3_1) X(variant_size3_2) X(variant_size3_3) X(dropout_p) \
-  X(dropout_seed) X(cu_seqlens_q) X(cu_seqlens_k)
+  X(dropout_seed) X(cu_seqlens_q) X(cu_seqlens_k) X(seqused_k) X(sinks)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
   X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \
-  X(cache_batch_idx) X(block_table) X(block_table_batch_stride) X(page_size) X(seqlen_new)
+  X(cache_batch_idx) X(cache_leftpad) X(block_table) X(block_table_batch_stride) X(page_size) \
+  X(seqlen_new)
 #define FLASHGEN_BWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \
@@ -296,8 +313,8 @@ struct DecodeParams : AttentionParams {
   X(attn_bias_grad) X(q_view_rows) X(kv_view_rows)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
-  X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(block_table) X(block_table_batch_stride) \
-  X(page_size) X(seqlen_new) X(k_new) X(k_new_batch_stride) X(k_new_row_stride) \
-  X(k_new_head_stride) X(v_new) X(v_new_batch_stride) X(v_new_row_stride) X(v_new_head_stride) \
-  X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) X(rotary_cos) \
-  X(rotary_sin) X(rotary_dim) X(rotary_interleaved)
+  X(lse_accum) X(cache_seqlens) X(cache_batch_idx) X(cache_leftpad) X(block_table) \
+  X(block_table_batch_stride) X(page_size) X(seqlen_new) X(k_new) X(k_new_batch_stride) \
+  X(k_new_row_stride) X(k_new_head_stride) X(v_new) X(v_new_batch_stride) X(v_new_row_stride) \
+  X(v_new_head_stride) X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) \
+  X(rotary_cos) X(rotary_sin) X(rotary_dim) X(rotary_interleaved)

@@ -23,6 +23,8 @@ struct DenseSeqs {
 
   // A variable-length batch (cu_seqlens_q set) reads its lengths from the device; each
   // sequence's causal mask then aligns bottom-right, as FlashAttention's varlen functions do.
+  // Its keys are a packed run per sequence (cu_seqlens_k, of which seqused_k may use the first
+  // keys), or without cu_seqlens_k a KV cache, whose layout (kv_cache.cuh) sets the lengths.
   template <class Params>
   __device__ __forceinline__ DenseSeqs(Params const& p, int batch)
       : batch(batch), packed(p.cu_seqlens_q != nullptr) {
@@ -34,9 +36,14 @@ struct DenseSeqs {
       stats_rows = p.seqlen_q;
     } else {
       q_start = p.cu_seqlens_q[batch];
-      k_start = p.cu_seqlens_k[batch];
       seqlen_q = p.cu_seqlens_q[batch + 1] - int(q_start);
-      seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
+      if (p.cu_seqlens_k != nullptr) {
+        k_start = p.cu_seqlens_k[batch];
+        seqlen_k = p.cu_seqlens_k[batch + 1] - int(k_start);
+        if (p.seqused_k != nullptr) seqlen_k = max(0, min(seqlen_k, p.seqused_k[batch]));
+      } else {
+        seqlen_k = p.seqlen_k;
+      }
       mask_offset = seqlen_k - seqlen_q;
       stats_start = q_start;
       stats_rows = p.cu_seqlens_q[p.batch];

@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashgen/common/quad.cuh"
+#include "flashgen/common/sinks.cuh"
 
 namespace flashgen::hopper {
 
@@ -72,20 +73,20 @@ struct OnlineSoftmax {
     }
   }
 
-  // Divides the output rows by their sums; returns each row's natural-log sum of exponentials
-  // (-inf, with an output of 0, for a row that saw no key).
+  // Divides the output rows by their sums, the sink (exp2 units, common/sinks.cuh; -inf: none)
+  // among them; returns each row's natural-log sum of exponentials (-inf, or the sink, with an
+  // output of 0, for a row that saw no key).
   template <class Acc>
-  __device__ __forceinline__ void finish(Acc& out, float (&lse)[2]) {
+  __device__ __forceinline__ void finish(Acc& out, float (&lse)[2], float sink_log2) {
     using namespace cute;
     Tensor o = make_tensor(out.data(), rows_by_cols(out.layout()));
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       const float sum = quad_sum(row_sum[r]);
-      const bool empty = sum == 0.f || sum != sum;
-      const float inv = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : (row_max[r] * scale_log2 + log2f(sum)) * float(M_LN2);
+      const SinkFold fold(row_max[r] * scale_log2, sum != sum ? 0.f : sum, sink_log2);
+      lse[r] = fold.lse_log2 * float(M_LN2);
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv;
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= fold.output_scale;
     }
   }
 };

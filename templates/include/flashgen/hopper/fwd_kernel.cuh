@@ -386,11 +386,13 @@ struct FwdSoftmax {
   ScoreMod score_mod;
   Dropout dropout;
   OnlineSoftmax online;
+  float sink;  // the head's sink in exp2 units (-inf: none)
 
   __device__ __forceinline__ FwdSoftmax(FwdParams const& p, FwdWork<Traits, Mask> const& w,
                                         int row0)
       : w(w), row0(row0), score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset),
-        dropout(p, w.tile.batch, w.tile.head), online(p.scale_log2) {}
+        dropout(p, w.tile.batch, w.tile.head), online(p.scale_log2),
+        sink(sink_log2(p, w.tile.head)) {}
 
   // tSrS: (MMA, MMA_M, MMA_N) scores of key block n_block -> probabilities; tScS: their (row,
   // key) in the tile. rescale[r]: what the output's row r accumulated so far is multiplied by.
@@ -423,7 +425,7 @@ struct FwdSoftmax {
   // tOrO: (MMA, MMA_M, MMA_N) the output accumulator; lse[r]: row r's natural-log sum.
   template <class Acc>
   __device__ __forceinline__ void finish(Acc& tOrO, float (&lse)[2]) {
-    online.finish(tOrO, lse);
+    online.finish(tOrO, lse, sink);
     if constexpr (Dropout::kEnabled) {
       CUTE_UNROLL
       for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= dropout.scale;

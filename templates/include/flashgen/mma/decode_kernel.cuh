@@ -6,7 +6,9 @@
 // however many query heads read it. The keys, up to the last one the tile's rows see, are cut
 // into num_splits equal runs of key blocks, one per block: a batch of one short sequence still
 // fills the GPU. Each key row's address comes from the cache layout (KvCacheRows): a contiguous
-// cache, or a paged one of any page size.
+// cache, or a paged one of any page size. The queries are a dense batch, or a variable-length one
+// packed (cu_seqlens_q, flash_attn_varlen_func over a paged cache): the grid then covers the
+// longest sequence and the blocks past a shorter one's rows return at once.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -15,6 +17,8 @@
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
+#include "flashgen/common/seqinfo.cuh"
+#include "flashgen/common/split_combine.cuh"
 #include "flashgen/mma/accumulator.cuh"
 #include "flashgen/mma/fwd_traits.cuh"
 #include "flashgen/mma/gemm.cuh"
@@ -53,17 +57,20 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   const int batch = blockIdx.z / p.heads_kv;
   const int head_kv = blockIdx.z % p.heads_kv;
   const int group = p.heads / p.heads_kv;
-  const int packed_rows = p.seqlen_q * group;
+  const DenseSeqs seq(p, batch);  // the sequence's queries (its keys are the cache's)
+  const int packed_rows = seq.seqlen_q * group;
   const int row0 = m_block * kBlockM;  // this block's first packed row
+  if (row0 >= packed_rows) return;     // past a shorter sequence of a variable-length batch
 
   const KvCacheRows cache(p, batch, head_kv);
   // The new tokens are the last seqlen_q keys' queries: the causal mask aligns bottom-right.
-  const Mask mask(p, batch, cache.seqlen_k, cache.seqlen_k - p.seqlen_q);
+  const int offset = cache.seqlen_k - seq.seqlen_q;
+  const Mask mask(p, batch, cache.seqlen_k, offset);
   // The modifier of a packed row: its own head's where the modifier reads one (ALiBi's slope).
-  const ScoreMod score_mod(p, batch, head_kv * group, cache.seqlen_k - p.seqlen_q);
+  const ScoreMod score_mod(p, batch, head_kv * group, offset);
   auto row_modifier = [&](int packed_row) {
     if constexpr (ScoreMod::kReadsHead) {
-      return ScoreMod(p, batch, head_kv * group + packed_row % group, cache.seqlen_k - p.seqlen_q);
+      return ScoreMod(p, batch, head_kv * group + packed_row % group, offset);
     } else {
       return score_mod;
     }
@@ -96,7 +103,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   Tensor tKVcKV = gmem_thr.partition_S(make_identity_tensor(TileKV{}));    // (CPY, CPY_N, CPY_K)
 
   // Q: packed row -> (token, head); rows past the last are zero.
-  const Element* q = static_cast<const Element*>(p.q) + batch * p.q_batch_stride;
+  const Element* q =
+      static_cast<const Element*>(p.q) + seq.q_offset(p.q_batch_stride, p.q_row_stride, 0, 0);
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tQsQ); ++m) {
     const int row = row0 + get<0>(tQcQ(0, m, 0));
@@ -120,7 +128,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
     CUTE_UNROLL
     for (int m = 0; m < kRowsPerThread; ++m) {
       const int key = n_block * kBlockN + get<0>(tKVcKV(0, m, 0));
-      rows_at[m] = key < cache.seqlen_k ? cache.offsets(key) : KvCacheRows::Offsets{-1, -1};
+      rows_at[m] = key < cache.seqlen_k ? cache.offsets(cache.first + key)
+                                        : KvCacheRows::Offsets{-1, -1};
     }
   };
   const Element* k_cache = static_cast<const Element*>(p.k);
@@ -230,17 +239,22 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   cp_async_wait<0>();
   __syncthreads();
 
-  softmax.finalize(acc_o, p.scale_log2);
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(TileQ{}));
   Tensor coords = make_tensor(tOcO.data(), rowcol_layout(tOcO.layout()));  // (rows, cols)
-  // Row (token, head)'s index in the (batch, heads, seqlen_q) statistics.
+  // A split's partial results leave the sinks to the combine, which sees every split.
+  softmax.finalize(acc_o, p.scale_log2, [&](int r) {
+    return p.num_splits > 1 ? -INFINITY
+                            : sink_log2(p, head_kv * group + (row0 + get<0>(coords(r, 0))) % group);
+  });
+  // Row (token, head)'s index in the statistics: (batch, heads, seqlen_q), or (heads, total rows)
+  // for a variable-length batch.
   auto stats_row = [&](int row) {
-    return (int64_t(batch) * p.heads + head_kv * group + row % group) * p.seqlen_q + row / group;
+    return seq.row_stats_offset(p.heads, head_kv * group + row % group) + row / group;
   };
 
   if (p.num_splits > 1) {
     // fp32 partials straight from the accumulators; the combine kernel reads them once.
-    const int64_t split_offset = int64_t(split) * p.batch * p.heads * p.seqlen_q;
+    const int64_t split_offset = int64_t(split) * p.heads * split_rows(p);
     Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
     CUTE_UNROLL
     for (int r = 0; r < size<0>(o); ++r) {
@@ -274,7 +288,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   copy(smem_copy_o, thr_copy_o.retile_S(o_regs), thr_copy_o.partition_D(sO));
   __syncthreads();
   Tensor tOsO = gmem_thr.partition_D(sO);
-  Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride;
+  Element* out =
+      static_cast<Element*>(p.o) + seq.q_offset(p.o_batch_stride, p.o_row_stride, 0, 0);
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOsO); ++m) {
     const int row = row0 + get<0>(tQcQ(0, m, 0));

@@ -230,7 +230,8 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
 
   // Epilogue: normalise, write lse per row, stage O through shared memory and store it with
   // 16-byte coalesced writes.
-  softmax.finalize(acc_o, p.scale_log2);
+  const float sink = sink_log2(p, head);
+  softmax.finalize(acc_o, p.scale_log2, [&](int) { return sink; });
   if constexpr (Dropout::kEnabled) {
     CUTE_UNROLL
     for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= dropout.scale;

@@ -7,6 +7,7 @@
 #include <cute/tensor.hpp>
 
 #include "flashgen/common/quad.cuh"
+#include "flashgen/common/sinks.cuh"
 #include "flashgen/mma/accumulator.cuh"
 
 namespace flashgen {
@@ -76,19 +77,19 @@ struct OnlineSoftmax {
   }
 
   // Normalises acc_o and returns each row's log-sum-exp (natural log) in row_max, the scores'
-  // scale the softmax ran with (scale_log2, update's) turned back into natural units. A row that
-  // saw no key gets output 0 and lse -inf.
-  template <class AccO>
-  __device__ __forceinline__ void finalize(AccO& acc_o, float scale_log2) {
+  // scale the softmax ran with (scale_log2, update's) turned back into natural units, with row
+  // r's sink sink_log2(r) (common/sinks.cuh; -inf: none) in the denominator. A row that saw no
+  // key gets output 0 and lse -inf (or its sink).
+  template <class AccO, class Sink>
+  __device__ __forceinline__ void finalize(AccO& acc_o, float scale_log2, Sink&& sink_log2) {
     constexpr float kLn2 = 0.6931471805599453f;
     Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(row_sum[r]);
-      const float inv_sum = sum == 0.f ? 0.f : 1.f / sum;
+      const SinkFold fold(row_max[r] * scale_log2, quad_sum(row_sum[r]), sink_log2(r));
       CUTE_UNROLL
-      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= inv_sum;
-      row_max[r] = sum == 0.f ? -INFINITY : row_max[r] * (scale_log2 * kLn2) + logf(sum);
+      for (int c = 0; c < size<1>(o); ++c) o(r, c) *= fold.output_scale;
+      row_max[r] = fold.lse_log2 * kLn2;
     }
   }
 };
