@@ -10,7 +10,7 @@ import torch
 
 def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True,
                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  score_bias=None, visible=None, dropout_p=0.0, dropout_keep=None):
+                  score_bias=None, visible=None, dropout_p=0.0, dropout_keep=None, sinks=None):
     """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
     (batch, seqlen_k, heads_kv, dim). Causal: query row i sees key j iff j <= i + causal_offset
     (default seqlen_k - seqlen_q: bottom-right). window_size=(left, right), -1 unbounded:
@@ -20,7 +20,8 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     score_bias: added to the scaled scores; visible: a boolean mask (both broadcastable to
     (batch, heads, seqlen_q, seqlen_k)), a config-defined variant's in Python. dropout_keep: the
     (batch, heads, seqlen_q, seqlen_k) boolean mask of kept probabilities (dropout_keep below),
-    the kept ones scaled by 1 / (1 - dropout_p); lse is the undropped softmax's.
+    the kept ones scaled by 1 / (1 - dropout_p); lse is the undropped softmax's. sinks (heads,):
+    a logit per head that joins each row's softmax (in lse too) and adds no value.
     upcast=True computes in fp32 (the reference);
     upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
     would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
@@ -54,10 +55,15 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
         scores = scores.masked_fill(col > row + offset + right, -math.inf)
     if left >= 0:
         scores = scores.masked_fill(col < row + offset - left, -math.inf)
+    if sinks is not None:  # a last column per row: the sink's logit, dropped after the softmax
+        sink_column = sinks.float().view(1, heads, 1, 1).expand(*scores.shape[:3], 1)
+        scores = torch.cat([scores, sink_column], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores, dim=-1)
     sees_no_key = torch.isneginf(scores).all(dim=-1, keepdim=True)
     probs = probs.masked_fill(sees_no_key, 0.0)  # softmax gives NaN there; the output is 0
+    if sinks is not None:
+        probs = probs[..., :-1]
     if dropout_keep is not None:
         probs = probs * dropout_keep / (1.0 - dropout_p)
     out = torch.einsum("bhqk,bkhd->bqhd", probs.to(v.dtype), v)

@@ -236,6 +236,75 @@ def check_append(dtype, head_dim, new, causal, page_size, rotary, capacity):
     assert_close_fa2(out, ref, same_dtype)
 
 
+@pytest.mark.parametrize("rotary", [None, "halves"])
+@pytest.mark.parametrize("new", [0, 3])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", HEAD_DIMS, ids=lambda d: f"hd{d}")
+def test_cache_leftpad_starts_each_sequence_there(head_dim, causal, new, rotary,
+                                                  poisoned_allocations):
+    """FlashAttention-2's cache_leftpad: a sequence's keys are positions cache_leftpad ..
+    cache_seqlens + new - 1; masks and ALiBi count from its first key, new keys go to
+    cache_seqlens and rotate at their positions in the cache."""
+    if rotary and not new:
+        pytest.skip("rotary embeddings rotate new keys")
+    dtype, batch, capacity, heads_q, heads_kv = torch.bfloat16, 4, 512, 8, 2
+    lengths = [300, 1, 77, capacity - new]
+    leftpad = [120, 0, 77, 5]  # a sequence whose first key is its last cached one is empty
+    cache = Cache(batch, capacity, heads_kv, head_dim, dtype, lengths)
+    for t in (cache.k, cache.v):  # the padding holds NaN: a kernel that reads it shows it
+        for b, start in enumerate(leftpad):
+            t[b, :start] = math.nan
+    q = torch.randn(batch, max(new, 1), heads_q, head_dim, device="cuda").to(dtype)
+    k_new = v_new = cos = sin = None
+    if new:
+        k_new, v_new = (torch.randn(batch, new, heads_kv, head_dim, device="cuda").to(dtype)
+                        for _ in range(2))
+    if rotary:
+        angles = torch.rand(capacity, head_dim // 2, device="cuda") * 2 * math.pi
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    slopes = torch.rand(heads_q, device="cuda") * 0.3
+    out = flash_attn_with_kvcache(
+        q, cache.k, cache.v, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+        cache_seqlens=torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+        cache_leftpad=torch.tensor(leftpad, dtype=torch.int32, device="cuda"), causal=causal,
+        alibi_slopes=slopes, rotary_interleaved=False)
+    q_rot = q
+    if rotary:  # at their positions in the cache, not counted from the first key
+        positions = torch.tensor(lengths, device="cuda")[:, None] + torch.arange(new,
+                                                                              device="cuda")
+        q_rot = rotate(q, cos, sin, positions if causal else positions[:, :1].expand(-1, new),
+                       False).to(dtype)
+    for b, (start, length) in enumerate(zip(leftpad, lengths)):
+        end = length + new
+        keys, values = cache.k[b:b + 1, start:end], cache.v[b:b + 1, start:end]
+        ref, _ = attention_ref(q_rot[b:b + 1], keys, values, causal=causal, alibi_slopes=slopes)
+        same_dtype, _ = attention_ref(q_rot[b:b + 1], keys, values, causal=causal,
+                                      alibi_slopes=slopes, upcast=False)
+        assert_close_fa2(out[b:b + 1], ref, same_dtype, f"out of sequence {b}")
+
+
+@pytest.mark.parametrize("num_splits", [0, 1, 5])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+def test_sinks_join_every_rows_denominator(page_size, num_splits, poisoned_allocations):
+    """s_aux over a cache, with the keys split or not (the combine folds the sinks in once)."""
+    dtype, batch, capacity, heads_q, heads_kv, seqlen_q = torch.bfloat16, 3, 1024, 8, 2, 4
+    lengths = [1000, 0, 129]  # the empty sequence: out 0, lse its sink
+    cache = Cache(batch, capacity, heads_kv, 128, dtype, lengths, page_size)
+    q = torch.randn(batch, seqlen_q, heads_q, 128, device="cuda").to(dtype)
+    sinks = torch.randn(heads_q, device="cuda") * 3
+    out, lse = flash_attn_with_kvcache(
+        q, cache.k, cache.v, cache_seqlens=torch.tensor(lengths, dtype=torch.int32,
+                                                        device="cuda"),
+        block_table=cache.block_table, causal=True, num_splits=num_splits, s_aux=sinks,
+        return_softmax_lse=True)
+    ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
+                                         lengths, True, sinks=sinks)
+    assert_close_fa2(out, ref, same_dtype)
+    assert_close_fa2(lse, ref_lse, ref_lse, name="lse", eps=1e-4)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    torch.testing.assert_close(lse[1], sinks[:, None].expand(-1, seqlen_q))
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 260])  # the decode kernel, and a forward on sm_90
 def test_cache_batch_idx_picks_rows(seqlen_q, poisoned_allocations):
     dtype, lengths = torch.float16, [100, 200, 50]
@@ -360,7 +429,14 @@ def _inputs(dtype=torch.float16):
     (lambda a: a.update(softcap=-30.0), "softcap must be a finite number >= 0"),
     (lambda a: a.update(alibi_slopes=torch.ones(3, device="cuda")),
      r"alibi_slopes must have shape \(nheads,\) = \(4,\)"),
-    (lambda a: a.update(cache_leftpad=a["cache_seqlens"]), "cache_leftpad"),
+    (lambda a: a.update(cache_leftpad=a["cache_seqlens"][:1]), r"cache_leftpad must have shape"),
+    (lambda a: a.update(cache_leftpad=a["cache_seqlens"],
+                        block_table=torch.zeros(2, 4, dtype=torch.int32, device="cuda")),
+     "cache_leftpad left-pads a contiguous cache"),
+    (lambda a: a.update(s_aux=torch.zeros(4, device="cuda").half()), "s_aux .* float32"),
+    (lambda a: a.update(s_aux=torch.zeros(2, device="cuda")), r"s_aux .* \(nheads,\) = \(4,\)"),
+    (lambda a: a.update(s_aux=torch.zeros(4, device="cuda"),
+                        learnable_sink=torch.zeros(4, device="cuda")), "pass one"),
 ])
 def test_bad_input_names_the_argument(change, message):
     q, k_cache, v_cache = _inputs()
@@ -373,7 +449,7 @@ def test_bad_input_names_the_argument(change, message):
 
 @pytest.mark.parametrize("case, message", [
     ("lengths", "cache_seqlens spans"), ("pages", r"block_table\[1, 2\] = 99"),
-    ("rows", "cache_batch_idx holds"),
+    ("rows", "cache_batch_idx holds"), ("leftpad", r"cache_leftpad\[1\] = 41"),
 ])
 def test_debug_checks_read_device_values(case, message, monkeypatch):
     monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
@@ -387,9 +463,11 @@ def test_debug_checks_read_device_values(case, message, monkeypatch):
         arguments.update(block_table=torch.tensor([[0, 1, 2, 3], [4, 5, 99, -1]],
                                                   dtype=torch.int32, device="cuda"))
         k_cache, v_cache = paged, paged.clone()
-    else:
+    elif case == "rows":
         arguments.update(cache_batch_idx=torch.tensor([0, 2], dtype=torch.int32,
                                                       device="cuda"))
+    else:  # a first key after the cached ones
+        arguments.update(cache_leftpad=torch.tensor([0, 41], dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match=message):
         flash_attn_with_kvcache(q, k_cache, v_cache, **arguments)
     if case == "pages":  # -1 marks a page this call does not read: accepted

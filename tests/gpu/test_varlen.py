@@ -175,3 +175,31 @@ def test_debug_checks_read_device_values(change, message, monkeypatch):
     monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
     with pytest.raises(ValueError, match=message):
         flash_attn_varlen_func(**_bad(change))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_seqused_k_attends_to_the_first_keys_of_each_run(causal, forward_family):
+    """FlashAttention-3's seqused_k: sequence b sees the first seqused_k[b] keys of its run in
+    cu_seqlens_k (the rest hold NaN here: reading one shows), forward only."""
+    lengths_q, runs, used = [37, 1, 200], [300, 64, 256], [250, 0, 256]
+    heads, heads_kv, head_dim, dtype = 8, 2, 128, torch.bfloat16
+    q = torch.randn(sum(lengths_q), heads, head_dim, device="cuda", dtype=dtype)
+    k, v = (torch.randn(sum(runs), heads_kv, head_dim, device="cuda", dtype=dtype)
+            for _ in range(2))
+    cu_q, cu_k = cu_seqlens(lengths_q), cu_seqlens(runs)
+    for t in (k, v):
+        for start, run, n in zip(cu_k.tolist(), runs, used):
+            t[start + n:start + run] = float("nan")
+    seqused_k = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(runs), causal=causal,
+                                 seqused_k=seqused_k)
+    for b, (qs, ks) in enumerate(zip(cu_q.tolist(), cu_k.tolist())):
+        rows = slice(qs, qs + lengths_q[b])
+        keys = slice(ks, ks + used[b])
+        args = (q[rows].unsqueeze(0), k[keys].unsqueeze(0), v[keys].unsqueeze(0))
+        ref, _ = attention_ref(*args, causal=causal)
+        same_dtype, _ = attention_ref(*args, causal=causal, upcast=False)
+        assert_close_fa2(out[rows].unsqueeze(0), ref, same_dtype, f"out of sequence {b}")
+    with pytest.raises(NotImplementedError, match="seqused_k is forward only"):
+        flash_attn_varlen_func(q.requires_grad_(), k, v, cu_q, cu_k, max(lengths_q), max(runs),
+                               seqused_k=seqused_k)
