@@ -145,10 +145,10 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         num_splits = choose_splits(heads_kv * work, -(-keys // spec.tile.block_n), slots)
     o_accum = lse_accum = None
     if num_splits > 1:
-        rows = lse.numel()  # (batch, heads, seqlen_q) or (1, heads, total)
-        o_accum = torch.empty((num_splits, rows, head_dim), dtype=torch.float32,
+        # per split, a row per (sequence, head, token) as lse has them
+        o_accum = torch.empty((num_splits, *lse.shape, head_dim), dtype=torch.float32,
                               device=q.device)
-        lse_accum = torch.empty((num_splits, rows), dtype=torch.float32, device=q.device)
+        lse_accum = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
     rotary = rotary_cos is not None
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
     args = params.decode_args(

@@ -133,7 +133,8 @@ def problem_fields(q, k, scale, band) -> dict:
                 **band.fields(), softcap=0.0, alibi_slopes=None, alibi_batch_stride=0,
                 attn_bias=None, attn_bias_batch_stride=0, attn_bias_head_stride=0,
                 attn_bias_row_stride=0, mask_ranges=None, **NO_VARIANT_TENSORS, dropout_p=0.0,
-                dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None)
+                dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None,
+                sinks=None)
 
 
 # Unused variant tensor slots: null, every size 1.
@@ -204,7 +205,8 @@ def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
 
 
 # FwdParams' KV-cache fields when k and v are not a cache.
-NO_CACHE = {"cache_seqlens": None, "cache_batch_idx": None, "block_table": None,
+NO_CACHE = {"cache_seqlens": None, "cache_batch_idx": None, "cache_leftpad": None,
+            "block_table": None,
             "block_table_batch_stride": 0, "page_size": 0, "seqlen_new": 0}
 
 
@@ -398,8 +400,8 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
     monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)  # its own kernels
     made = record_empty(monkeypatch)
-    out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, table,
-                             0.125, 0.0, None, 13, 0, False, splits)
+    out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, None,
+                             table, 0.125, 13, 0, 0.0, None, None, False, splits)
     ((params, stream),) = launcher.launches
     assert stream == 77
     out_made, lse_made, o_accum, lse_accum, q_rot = made
@@ -413,7 +415,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
         "softmax_lse": lse.data_ptr(), "num_splits": splits, "o_accum": o_accum.data_ptr(),
         "lse_accum": lse_accum.data_ptr(), "cache_seqlens": seqlens.data_ptr(),
         # ctypes reads a null pointer as None
-        "cache_batch_idx": None if paged else rows.data_ptr(),
+        "cache_batch_idx": None if paged else rows.data_ptr(), "cache_leftpad": None,
         "block_table": table.data_ptr() if paged else None,
         "block_table_batch_stride": 8 if paged else 0, "page_size": page if paged else 0,
         "seqlen_new": new_tokens, "rotary_cos": cos.data_ptr(), "rotary_sin": sin.data_ptr(),
