@@ -40,9 +40,10 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
         sequences = (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), cu_seqlens_q.shape[0] - 1,
                      max_seqlen_q, max_seqlen_k, 0 if seqused_k is None else seqused_k.data_ptr())
         batch, seqlen_q = sequences[2], max_seqlen_q
+    reads = "dense" if sequences is None else "varlen" if seqused_k is None else "varlen_used"
     launcher, padded_head_dim, fields, tma_inputs = _plan(
-        q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q,
-        "dense" if sequences is None else "varlen", mods.score_mod, mods.dropout)
+        q.get_device(), dtype, head_dim, mask, batch * heads, seqlen_q, reads, mods.score_mod,
+        mods.dropout)
 
     out, lse = empty_outputs(q, heads_first)
     if out.numel() == 0:
@@ -137,9 +138,12 @@ def clear_plans() -> None:
     _candidates.cache_clear()
 
 
-# What a call's k and v are, and which families' forwards read them (codegen/family.py).
+# What a call's k and v are, and which families' forwards read them (codegen/family.py). A run
+# whose keys past seqused_k may hold anything (NaN: P = 0 times NaN is NaN) needs loads that stop
+# at its last used key: a TMA family's load whole key blocks.
 _READERS = {"dense": lambda family: True,
             "varlen": lambda family: family.varlen_forward,
+            "varlen_used": lambda family: family.varlen_forward and not family.tma_inputs,
             "cache": lambda family: family.cache_forward}
 
 
@@ -167,8 +171,10 @@ def _plan(device_index: int, dtype: str, head_dim: int, mask: str, batch_heads: 
     if reads != "dense":
         choices = tuple(c for c in choices if _READERS[reads](c.spec.family_record))
         if not choices:
+            what = ("seqused_k (a family whose loads stop at each run's last used key, the mma "
+                    "family)" if reads == "varlen_used" else f"{reads} inputs")
             raise NotImplementedError(f"flashgen: no configured forward of head dim {head_dim} "
-                                      f"reads {reads} inputs")
+                                      f"reads {what}; check $FLASHGEN_FAMILY and the config")
     family = choices[0].spec.family
     specs = tuple(c.spec for c in choices if c.spec.family == family)
     spec, fields = families.runtime(family).forward_plan(specs, batch_heads, seqlen_q,

@@ -157,7 +157,9 @@ def attention_with_kvcache(arguments: tuple, out=None):
     (op_schema.fwd_kvcache_arguments takes them by name). out: the caller's buffer for the output
     (validated), written by the kernel itself on a plain eager call (a CUDA graph's capture
     among them), else copied into."""
-    if _runs_plain_eager(t for t in _kvcache_inputs(arguments) if t is not None):
+    # torch.compile cannot trace an itemgetter: compiling is never the plain eager path anyway.
+    if not torch.compiler.is_compiling() and _runs_plain_eager(
+            t for t in _kvcache_inputs(arguments) if t is not None):
         if out is not None and out.stride(-1) == 1 and host.is_aligned(out):  # 16-byte stores
             return decode.decode(*arguments, out=out)
         result, lse = decode.decode(*arguments)

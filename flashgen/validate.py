@@ -121,11 +121,15 @@ def check_window(window_size) -> tuple[int, int]:
     except (TypeError, ValueError):
         raise ValueError(f"flashgen: window_size must be a pair (left, right), got "
                          f"{window_size!r}") from None
+    bounds = []
     for name, value in (("left", left), ("right", right)):
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+            value = int(value)  # FlashAttention-2 takes a 0-d integer tensor, as its tests pass
         if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < -1:
             raise ValueError(f"flashgen: window_size's {name} must be an int >= -1 (-1: "
                              f"unbounded), got window_size={window_size!r}")
-    return left, right
+        bounds.append(value)
+    return tuple(bounds)
 
 
 def band(causal: bool, window_size, seqlen_q: int, seqlen_k: int, offset: int):
