@@ -277,3 +277,15 @@ def test_without_a_forward_that_reads_caches_chunked_prefill_keeps_the_decode_ke
     assert dispatched_forward.plan(0, "bf16", 128, "causal", 32 * 32, 4096, "cache") is None
     assert dispatched_forward.kernel_for(DEVICE, "bf16", 128, "causal", 32 * 32, 4096,
                                          "varlen").family == "mma"
+
+
+def test_seqused_k_runs_where_loads_stop_at_a_runs_last_used_key():
+    """Keys past seqused_k may hold anything: a family that loads whole key blocks by TMA (P = 0
+    times NaN is NaN) does not run such a call."""
+    pytest.importorskip("torch")
+    from codegen.families import FAMILIES
+    from flashgen import forward
+
+    runs = {name: forward._READERS["varlen_used"](family) for name, family in FAMILIES.items()}
+    assert runs == {"hopper": False, "mma": True}
+    assert all(forward._READERS["varlen"](family) for family in FAMILIES.values())

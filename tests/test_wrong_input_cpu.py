@@ -51,10 +51,35 @@ def test_bad_softcaps_name_the_argument(softcap):
         validate.check_softcap(softcap)
 
 
-@pytest.mark.parametrize("window", [(-2, 0), (0, -5), (1.5, 2), (3,), "wide", None])
+@pytest.mark.parametrize("window", [(-2, 0), (0, -5), (1.5, 2), (3,), "wide", None,
+                                    (torch.tensor(1.5), 0), (torch.tensor([3]), 0)])
 def test_bad_windows_name_the_argument(window):
     with pytest.raises(ValueError, match="window_size"):
         validate.band(False, window, 16, 16, 0)
+
+
+def test_window_bounds_may_be_zero_dim_integer_tensors():
+    """FlashAttention-2's tests draw windows with torch.randint and pass the 0-d tensors."""
+    assert validate.check_window((torch.tensor(16), torch.tensor(4))) == (16, 4)
+    assert validate.check_window(torch.tensor([16, 4]).unbind()) == (16, 4)
+
+
+@pytest.mark.parametrize("sinks, error, message", [
+    ([0.0, 0.0], TypeError, "must be a torch.Tensor"),
+    (torch.zeros(3), ValueError, r"shape \(nheads,\) = \(2,\)"),
+    (torch.zeros(2, dtype=torch.bfloat16), TypeError, "must be float32"),
+])
+def test_bad_sinks_name_the_argument(sinks, error, message):
+    q = cpu_qkv()[0]
+    with pytest.raises(error, match=message):
+        validate.with_sinks(validate.PLAIN, sinks, q)
+
+
+def test_sinks_have_two_names_and_one_value():
+    s = torch.zeros(2)
+    assert validate.sink_argument(s, None) is s and validate.sink_argument(None, s) is s
+    with pytest.raises(ValueError, match="pass one"):
+        validate.sink_argument(s, s)
 
 
 # (causal, window_size, seqlen_q, seqlen_k) -> (mask kind, left, right); U: unbounded.
