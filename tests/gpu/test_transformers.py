@@ -174,7 +174,7 @@ def assert_losses_track(losses, own_losses, relative: float, absolute: float) ->
 # 20 steps memorise the batch (the loss falls from 6.4 to 0.03): the tolerances take an
 # absolute part for the last steps. On a CPU with bf16 weights, sdpa and eager attention stayed
 # within 1% of each other at every step; with attention dropout 0.1, their different draws within
-# 0.05 + 7%.
+# 0.05 + 7% (the tolerance doubles that: other draws, other gaps).
 @pytest.mark.parametrize("name", ["llama", "gemma2"])
 def test_20_training_steps_track_the_own_models_losses(name, launched_kernels):
     _, model, own = models(name, "flashgen", own_implementation(name))
@@ -194,4 +194,4 @@ def test_training_with_attention_dropout_runs_flashgens_dropout_kernels(launched
     assert any("_dropout_" in n for n in launched_kernels if n.startswith("fwd_"))
     assert any("_dropout_" in n for n in launched_kernels if n.startswith("bwd_"))
     assert losses[-1] < losses[0] / 2, f"no learning: {losses}"
-    assert_losses_track(losses, own_losses, relative=0.1, absolute=0.05)
+    assert_losses_track(losses, own_losses, relative=0.15, absolute=0.1)
