@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import flashgen  # noqa: E402
-from flashgen import attention  # noqa: E402
 from flashgen.integrations import transformers as flashgen_transformers  # noqa: E402
 from tests import kernel_mock  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
@@ -87,8 +86,8 @@ def calls(monkeypatch):
     record = SimpleNamespace(dense=[], varlen=[])
     for name, calls_of in (("flash_attn_func", record.dense),
                            ("flash_attn_varlen_func", record.varlen)):
-        monkeypatch.setattr(attention, name, kernel_mock._recording(
-            calls_of, getattr(attention, name), lambda a: torch.zeros_like(a["q"])))
+        monkeypatch.setattr(flashgen, name, kernel_mock._recording(
+            calls_of, getattr(flashgen, name), lambda a: torch.zeros_like(a["q"])))
     monkeypatch.setattr(flash_utils, "_loaded_implementation", None)
     return record
 

@@ -102,7 +102,7 @@ def _run_torch_kernel(kernel, op: str, keyset, *args, **options):
     return kernel.call_boxed(keyset, *args, **options)
 
 
-def _refused(op: str, dropout_p: float, what: str) -> None:
+def _refuse_with_dropout(op: str, dropout_p: float, what: str) -> None:
     """A call with dropout that torch's kernel runs would meet flashgen's backward, which reads
     the dropout key from rng_state and cannot tell torch's state from it."""
     if dropout_p > 0:
@@ -122,7 +122,7 @@ def _flash_attention_forward(kernel, keyset, query, key, value, cum_seq_q, cum_s
         result = _forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
                           is_causal, options, heads_first=False)
     else:
-        _refused("_flash_attention_forward", dropout_p, refusal)
+        _refuse_with_dropout("_flash_attention_forward", dropout_p, refusal)
     if result is None:
         return _run_torch_kernel(kernel, "_flash_attention_forward", keyset, query, key, value,
                                  cum_seq_q, cum_seq_k, max_q, max_k, dropout_p, is_causal,
@@ -169,7 +169,7 @@ def _scaled_dot_product_flash_attention(kernel, keyset, query, key, value, dropo
         result = _forward(*_seq_first(query, key, value), None, None, 0, 0, dropout_p,
                           is_causal, options, heads_first=_heads_first(query))
     else:
-        _refused("_scaled_dot_product_flash_attention", dropout_p, "return_debug_mask")
+        _refuse_with_dropout("_scaled_dot_product_flash_attention", dropout_p, "return_debug_mask")
     if result is None:
         return _run_torch_kernel(kernel, "_scaled_dot_product_flash_attention", keyset, query,
                                  key, value, dropout_p, is_causal, return_debug_mask, **options)
