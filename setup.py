@@ -43,7 +43,9 @@ setup(
                   "codegen.templates": [f"**/*.{ext}" for ext in ("j2", "cpp", "cuh", "h")]},
     install_requires=["torch>=2.4", "jinja2>=3.0", "ninja", "pybind11>=2.10",
                       "nvidia-cutlass>=4.0"],
-    extras_require={"test": ["pytest>=7", "matplotlib", "einops"], "bench": ["matplotlib"]},
+    # transformers: flashgen.integrations.transformers (attn_implementation="flashgen")
+    extras_require={"test": ["pytest>=7", "matplotlib", "einops"], "bench": ["matplotlib"],
+                    "transformers": ["transformers>=5.17"]},
     entry_points={"console_scripts": ["flashgen = flashgen.cli:main"]},
     cmdclass={"build_py": BuildPyThenKernels},
 )

@@ -43,6 +43,7 @@ def _recording(calls: list, real, result):
         bound.apply_defaults()
         calls.append(dict(bound.arguments))
         return result(bound.arguments)
+    record.__signature__ = signature  # for callers that read it (transformers does)
     return record
 
 

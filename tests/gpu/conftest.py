@@ -59,3 +59,19 @@ def each_family(request, monkeypatch):
     yield request.param
     forward.clear_plans()
     backward.clear_plans()
+
+
+@pytest.fixture
+def launched_kernels(monkeypatch):
+    """The names of the flashgen kernels the test launches (forward and backward passes), in
+    launch order."""
+    from flashgen import backward, forward
+
+    names = []
+    for module in (forward, backward):
+        def recording(launcher, *args, run=module.run, **kwargs):
+            names.append(launcher.spec.name)
+            return run(launcher, *args, **kwargs)
+
+        monkeypatch.setattr(module, "run", recording)
+    return names
