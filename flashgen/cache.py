@@ -10,6 +10,11 @@ Layout (root: codegen.paths.cache_dir()):
 An entry's key is input_key (every input of the spec's render and compile but the compiler: see
 there) and the nvcc version. Entries are published by an atomic rename and verified (size and
 sha256) before they are loaded, so a killed build or a truncated file is rebuilt, never loaded.
+
+Kernel packages (`flashgen pack`, flashgen/tools/pack.py) hold entries in the same layout under
+their package folder, <package>/<arch>/<spec name>-<key>/, and name that folder's package in the
+"flashgen.kernels" entry-point group; an entry the cache lacks is looked up there, by input_key
+(whichever nvcc built it), verified alike, and never written to.
 """
 
 from __future__ import annotations
@@ -191,24 +196,59 @@ def _valid(entry_path: Path) -> bool:
 
 
 def find_entry(spec: KernelSpec) -> Entry | None:
-    """The verified cache entry of this spec, if built. Without nvcc (a machine that only runs
-    kernels), any entry built from the same inputs by any nvcc is accepted."""
+    """The verified entry of this spec, if built: in the cache (without nvcc, on a machine that
+    only runs kernels, one built from the same inputs by any nvcc), else in a kernel package."""
     nvcc = nvcc_version()
-    if nvcc is not None:
-        candidates = [entry_path(spec, nvcc)]
-    else:
-        wanted = input_key(spec)
-        candidates = []
-        for path in sorted(arch_dir(spec.arch).glob(f"{spec.name}-*"),
-                           key=lambda p: p.stat().st_mtime, reverse=True):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                if json.loads((path / META_NAME).read_text())["input_key"] == wanted:
-                    candidates.append(path)
+    candidates = ([entry_path(spec, nvcc)] if nvcc is not None
+                  else _entries_of_inputs(arch_dir(spec.arch), spec))
     for path in candidates:
         if path.is_dir():
             if _valid(path):
                 return Entry(spec, path)
             _discard(path)  # corrupted or truncated: rebuilt by the next build
+    for root in package_roots().values():
+        for path in _entries_of_inputs(root / spec.arch, spec):
+            if _valid(path):  # a package's files are its installer's: never discarded here
+                return Entry(spec, path)
+    return None
+
+
+def _entries_of_inputs(folder: Path, spec: KernelSpec) -> list[Path]:
+    """The entries of the spec under folder built from its inputs (any nvcc), newest first."""
+    wanted = input_key(spec)
+    found = []
+    for path in sorted(folder.glob(f"{spec.name}-*"), key=lambda p: p.stat().st_mtime,
+                       reverse=True):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            if json.loads((path / META_NAME).read_text())["input_key"] == wanted:
+                found.append(path)
+    return found
+
+
+PACKAGE_ENTRY_POINTS = "flashgen.kernels"
+
+
+@functools.cache
+def package_roots() -> dict[str, Path]:
+    """{distribution name: folder} of the installed kernel packages, found without importing
+    them."""
+    import importlib.util
+
+    roots = {}
+    for point in importlib.metadata.entry_points(group=PACKAGE_ENTRY_POINTS):
+        with contextlib.suppress(ImportError, ValueError):
+            found = importlib.util.find_spec(point.value)
+            if found is not None and found.submodule_search_locations:
+                name = point.dist.name if point.dist is not None else point.name
+                roots[name] = Path(list(found.submodule_search_locations)[0])
+    return roots
+
+
+def package_of(entry: Entry) -> str | None:
+    """The kernel package an entry comes from, or None for the cache's own."""
+    for name, root in package_roots().items():
+        if entry.path.is_relative_to(root):
+            return name
     return None
 
 

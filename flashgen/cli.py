@@ -103,6 +103,14 @@ def _parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="configured kernels and where they are built")
     add_selection(lst)
+    pack = sub.add_parser("pack", help="a wheel of the selected kernels (built first where "
+                          "missing) that `pip install` makes loadable without nvcc")
+    add_selection(pack)
+    pack.add_argument("--out", type=Path, default=Path("dist"), help="folder of the wheel "
+                      "(default: dist/)")
+    pack.add_argument("--name", default=None, help="the pack's name: the wheel is "
+                      "flashgen_kernels_<name> (default: the archs, e.g. sm90)")
+    pack.add_argument("--jobs", "-j", type=int, default=None, help="parallel nvcc processes")
     sub.add_parser("doctor", help="what a call on this machine needs, found or missing with "
                    "its fix (GPU, torch, nvcc, CUTLASS, the cache, the integrations)")
     return parser
@@ -198,9 +206,34 @@ def _list(args) -> int:
             continue
         r = entry.resources
         serialised = ", wgmma serialised (C7512)" if r.get("wgmma_serialised") else ""
+        package = cache.package_of(entry)
+        where = entry.path if package is None else f"{entry.path} (package {package})"
         print(f"{spec.name:52s} built  {r.get('registers', '?')} registers, "
-              f"{r.get('spill_bytes', '?')} bytes spilled{serialised}  {entry.path}")
+              f"{r.get('spill_bytes', '?')} bytes spilled{serialised}  {where}")
     print(f"{len(specs)} kernel(s)")
+    return 0
+
+
+def _pack(args) -> int:
+    from flashgen.tools import pack
+
+    if not args.arch:
+        print("flashgen pack: pass --arch (e.g. --arch sm_90): a pack holds one GPU's kernels",
+              file=sys.stderr)
+        return 2
+    _, selected = _selected(args)
+    if not selected:
+        print("flashgen pack: no configured kernel matches the filters", file=sys.stderr)
+        return 2
+    entries = [cache.find_entry(spec) for spec in selected]
+    missing = [spec for spec, entry in zip(selected, entries) if entry is None]
+    if missing:  # it says what it compiles and how long
+        build.build(missing, jobs=args.jobs)
+        entries = [cache.find_entry(spec) for spec in selected]
+    label = args.name or "_".join(a.replace("_", "") for a in sorted(set(args.arch)))
+    wheel = pack.write_wheel(entries, args.out, label)
+    print(f"flashgen pack: {len(entries)} kernel(s) -> {wheel}; `pip install {wheel}` makes "
+          f"them loadable (no nvcc needed)")
     return 0
 
 
@@ -374,8 +407,8 @@ def _tune(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"generate": _generate, "list": _list, "bench": _bench, "tune": _tune,
-                "doctor": _doctor}[args.command](args)
+        return {"generate": _generate, "list": _list, "pack": _pack, "bench": _bench,
+                "tune": _tune, "doctor": _doctor}[args.command](args)
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return 2

@@ -69,15 +69,20 @@ def checks() -> list[Check]:
     if arch is not None:
         if arch in config.archs:
             specs = [s for s in registry.specs() if s.arch == arch]
-            built = sum(cache.find_entry(s) is not None for s in specs)
+            entries = [e for e in map(cache.find_entry, specs) if e is not None]
+            packaged = sum(cache.package_of(e) is not None for e in entries)
+            built = len(entries)
             families = sorted({s.family for s in specs})
+            packages = (f", {packaged} of them from kernel packages "
+                        f"({', '.join(sorted(cache.package_roots()))})" if packaged else "")
             found.append(Check(f"kernels for {arch}",
-                               f"{built} of {len(specs)} built in {paths.cache_dir() / arch}; "
-                               f"families {', '.join(families)}"))
+                               f"{built} of {len(specs)} built in {paths.cache_dir() / arch}"
+                               f"{packages}; families {', '.join(families)}"))
             if not built and nvcc is None:
                 found.append(Check("a way to get kernels", "", f"no kernel is built for {arch} "
-                                   f"and no nvcc can compile one: install the CUDA toolkit, or "
-                                   f"build elsewhere into FLASHGEN_CACHE_DIR"))
+                                   f"and no nvcc can compile one: install the CUDA toolkit, "
+                                   f"build elsewhere into FLASHGEN_CACHE_DIR, or pip install a "
+                                   f"kernel package (`flashgen pack`)"))
         else:
             found.append(Check(f"kernels for {arch}", "",
                                f"{config.path} configures no kernels for {arch}: add "
