@@ -49,16 +49,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     mods = (validate.modifiers(softcap, alibi_slopes, q, batch)
             if softcap or alibi_slopes is not None else PLAIN)
     mods = validate.with_sinks(mods, validate.sink_argument(s_aux, learnable_sink), q)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    cache_rows, rows_per_page, heads_kv, cache_head_dim = k_cache.shape
-    if cache_head_dim != head_dim:
-        raise ValueError(f"flashgen: q's head dim {head_dim} and k_cache's {cache_head_dim} "
-                         f"differ")
-    if heads_kv == 0 or heads % heads_kv:
-        raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
-                         f"k_cache's heads ({heads_kv})")
+    cache_rows, rows_per_page, heads_kv = _check_caches(k_cache, v_cache, heads, head_dim)
     capacity = _check_layout(q, cache_rows, rows_per_page, block_table, cache_batch_idx, batch)
     if cache_batch_idx is not None:
         cache_batch_idx = cache_batch_idx.contiguous()  # the kernels index it densely
@@ -92,6 +83,22 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         rotary_interleaved=bool(rotary_interleaved), num_splits=num_splits, variant=name,
         variant_tensors=tensors))
     return (out, lse) if return_softmax_lse else out
+
+
+def _check_caches(k_cache, v_cache, heads: int, head_dim: int) -> tuple[int, int, int]:
+    """The caches' (rows or pages, keys per row or page, heads_kv), checked against q's heads and
+    head dim."""
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
+                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    rows, rows_per_page, heads_kv, cache_head_dim = k_cache.shape
+    if cache_head_dim != head_dim:
+        raise ValueError(f"flashgen: q's head dim {head_dim} and k_cache's {cache_head_dim} "
+                         f"differ")
+    if heads_kv == 0 or heads % heads_kv:
+        raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
+                         f"k_cache's heads ({heads_kv})")
+    return rows, rows_per_page, heads_kv
 
 
 def _int32_vector(name: str, t, q, length: int, what: str):
@@ -255,17 +262,8 @@ def paged_varlen(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, max
             raise ValueError(f"flashgen: {name} must be {layout}, got shape {tuple(t.shape)}")
     q4 = q.unsqueeze(0) if isinstance(q, torch.Tensor) else q
     validate.check_qkv(("q", "k_cache", "v_cache"), q4, k_cache, v_cache)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"flashgen: k_cache and v_cache must have the same shape, got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     total_q, heads, head_dim = q.shape
-    pages, page_size, heads_kv, cache_head_dim = k_cache.shape
-    if cache_head_dim != head_dim:
-        raise ValueError(f"flashgen: q's head dim {head_dim} and k_cache's {cache_head_dim} "
-                         f"differ")
-    if heads_kv == 0 or heads % heads_kv:
-        raise ValueError(f"flashgen: the number of query heads ({heads}) must be a multiple of "
-                         f"k_cache's heads ({heads_kv})")
+    pages, page_size, _ = _check_caches(k_cache, v_cache, heads, head_dim)
     validate.check_int32("cu_seqlens_q", cu_seqlens_q, q)
     if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
         raise ValueError(f"flashgen: cu_seqlens_q must be 1-D with batch + 1 entries, got shape "
