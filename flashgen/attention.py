@@ -31,12 +31,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     the bottom-right corner of the score matrix. s_aux (or learnable_sink, FlashAttention-4's
     name): (nheads,) fp32 sink logits, one per query head, that join every row's softmax
     denominator with no value (gpt-oss, StreamingLLM), in the scaled scores' units; they get a
-    gradient. Returns
-    out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out, softmax_lse, None),
-    softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log), the sink in it. A query row that
-    sees no key gets output 0 and lse -inf (its sink, with s_aux). Differentiable in q, k and v;
-    softmax_lse is not differentiable (it does not require grad). The forward is deterministic; deterministic=True makes the backward
-    bit-reproducible too.
+    gradient. Returns out (batch, seqlen_q, nheads, headdim), or with return_attn_probs (out,
+    softmax_lse, None), softmax_lse (batch, nheads, seqlen_q) in fp32 (natural log), the sink in
+    it. A query row that sees no key gets output 0 and lse -inf (its sink, with s_aux).
+    Differentiable in q, k and v; softmax_lse is not differentiable (it does not require grad).
+    The forward is deterministic; deterministic=True makes the backward bit-reproducible too.
 
     variant="name" runs a variant the config defines (codegen/variants.py: a mask_mod and/or a
     score_mod in C++), variant_tensors={name: tensor} the tensors it reads; a variant with a

@@ -61,10 +61,10 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
            variant_tensor2=None, variant_tensor3=None, cu_seqlens_q=None, max_seqlen_q: int = 0,
            *, out=None):
     """out (batch, seqlen_q, heads, dim) and lse (batch, heads, seqlen_q) fp32 for validated
-    inputs (flashgen/kvcache.py), its arguments flashgen::fwd_kvcache's; k_new and v_new, when given, are written into the caches
-    first (rotated when rotary_cos is given). The queries see the band of keys that
-    validate.band describes, aligned bottom-right per sequence (causal: window_right 0); softcap
-    > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
+    inputs (flashgen/kvcache.py), its arguments flashgen::fwd_kvcache's; k_new and v_new, when
+    given, are written into the caches first (rotated when rotary_cos is given). The queries see
+    the band of keys that validate.band describes, aligned bottom-right per sequence (causal:
+    window_right 0); softcap > 0 caps the scores; alibi_slopes ((heads,) or (batch, heads) fp32) biases them, aligned
     bottom-right like the mask; sinks ((heads,) fp32) join each row's denominator;
     cache_leftpad ((batch,) int32) starts each sequence's keys there; variant: a config-defined
     variant's name (its mask in place of the band, which is then unbounded) with its checked
@@ -130,7 +130,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
                                    q, k_cache, v_cache, paged, mods.score_mod)
 
     # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
-    out, lse = empty_outputs(q, cu_seqlens_q, out)
+    out, lse = empty_outputs(q, out)
     if out.numel() == 0:
         return out, lse
     if attention is not None:
@@ -182,9 +182,10 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     return out, lse
 
 
-def empty_outputs(q, cu_seqlens_q=None, out=None):
+def empty_outputs(q, out=None):
     """decode's out (the caller's buffer where given) and uninitialised lse: (batch, heads,
-    seqlen_q), or (1, heads, total) for packed queries; the fake implementation calls this too."""
+    seqlen_q) of q's view, so (1, heads, total) for packed queries; the fake implementation calls
+    this too."""
     batch, rows, heads, _ = q.shape
     if out is None:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

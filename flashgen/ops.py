@@ -190,7 +190,7 @@ def _fwd_kvcache_cuda(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin,
 
 def _fwd_kvcache_fake(*arguments):
     a = _FWD_KVCACHE.view(arguments)
-    return decode.empty_outputs(a.q, a.cu_seqlens_q)
+    return decode.empty_outputs(a.q)
 
 
 @_FWD.implements

@@ -254,7 +254,8 @@ def attn_bias(attn_mask, q, seqlen_k: int):
 
 
 def sink_argument(s_aux, learnable_sink):
-    """The sinks by either name (s_aux: vLLM's and gpt-oss's; learnable_sink: FlashAttention-4's)."""
+    """The sinks by either name (s_aux: vLLM's and gpt-oss's; learnable_sink:
+    FlashAttention-4's)."""
     if s_aux is not None and learnable_sink is not None:
         raise ValueError("flashgen: s_aux and learnable_sink name the same sinks; pass one")
     return s_aux if learnable_sink is None else learnable_sink
