@@ -17,7 +17,7 @@ from codegen.families.mma import resources
 from codegen.params import WINDOW_UNBOUNDED
 from flashgen import dispatch, forward, host, loader, registry, variants
 from flashgen.band import Band
-from flashgen.modifiers import Modifiers
+from flashgen.modifiers import PLAIN, Modifiers
 
 # Calls with at least this many query rows per KV head (new tokens x query heads per KV head)
 # run the head dim's first decode alt tile, a forward-sized one: chunked prefill computes.
@@ -112,10 +112,13 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     group = heads // heads_kv
     packed_rows = seqlen_q * group
     v = variants.resolve(variant) if variant else None
-    mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, variant=v,
-                     variant_tensors=tuple(t for t in (variant_tensor0, variant_tensor1,
-                                                       variant_tensor2, variant_tensor3)
-                                           if t is not None))
+    if v is None and softcap == 0.0 and alibi_slopes is None and sinks is None:
+        mods = PLAIN  # the common decode step: no object to build
+    else:
+        mods = Modifiers(softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks, variant=v,
+                         variant_tensors=tuple(t for t in (variant_tensor0, variant_tensor1,
+                                                           variant_tensor2, variant_tensor3)
+                                               if t is not None))
     if v is not None and v.mask_mod:
         mask = v.name
     launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
