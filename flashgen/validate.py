@@ -205,15 +205,8 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
     softcap = check_softcap(softcap) if softcap else 0.0
     if alibi_slopes is None:
         return Modifiers(softcap=softcap) if softcap else PLAIN
-    if not isinstance(alibi_slopes, torch.Tensor):
-        raise TypeError(f"flashgen: alibi_slopes must be a torch.Tensor, got "
-                        f"{type(alibi_slopes).__name__}")
+    _check_fp32("alibi_slopes", alibi_slopes, q, "alibi_slopes.float()")
     heads = q.shape[2]
-    if alibi_slopes.dtype != torch.float32:
-        raise TypeError(f"flashgen: alibi_slopes must be float32, got {alibi_slopes.dtype}; pass "
-                        f"alibi_slopes.float()")
-    if alibi_slopes.device != q.device:
-        raise ValueError(f"flashgen: alibi_slopes is on {alibi_slopes.device}, q on {q.device}")
     if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
         raise ValueError(f"flashgen: alibi_slopes must have shape (nheads,) = ({heads},) or "
                          f"(batch, nheads) = ({batch}, {heads}), got "
@@ -221,6 +214,16 @@ def modifiers(softcap, alibi_slopes, q, batch: int):
     if alibi_slopes.stride(-1) != 1:
         alibi_slopes = alibi_slopes.contiguous()
     return Modifiers(softcap=softcap, alibi_slopes=alibi_slopes)
+
+
+def _check_fp32(name: str, t, q, fix: str) -> None:
+    """A per-head (or per-sequence and head) fp32 argument on q's device; fix: the cast."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"flashgen: {name} must be float32, got {t.dtype}; pass {fix}")
+    if t.device != q.device:
+        raise ValueError(f"flashgen: {name} is on {t.device}, q on {q.device}")
 
 
 def attn_bias(attn_mask, q, seqlen_k: int):
@@ -266,15 +269,9 @@ def with_sinks(mods, sinks, q):
     scaled scores' units (q: (batch, seq, nheads, headdim) as the kernels see it)."""
     if sinks is None:
         return mods
-    if not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"flashgen: s_aux (the sinks) must be a torch.Tensor, got "
-                        f"{type(sinks).__name__}")
+    _check_fp32("s_aux (the sinks)", sinks, q,
+                "s_aux.float() (its gradient flows back through the cast)")
     heads = q.shape[2]
-    if sinks.dtype != torch.float32:
-        raise TypeError(f"flashgen: s_aux (the sinks) must be float32, got {sinks.dtype}; pass "
-                        f"s_aux.float() (its gradient flows back through the cast)")
-    if sinks.device != q.device:
-        raise ValueError(f"flashgen: s_aux (the sinks) is on {sinks.device}, q on {q.device}")
     if tuple(sinks.shape) != (heads,):
         raise ValueError(f"flashgen: s_aux (the sinks) must have shape (nheads,) = ({heads},), "
                          f"one logit per query head, got {tuple(sinks.shape)}")
