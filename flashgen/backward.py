@@ -18,8 +18,9 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
              deterministic: bool, heads_first: bool, cu_seqlens_q=None, cu_seqlens_k=None,
              max_seqlen_q=0, max_seqlen_k=0, *, mods: Modifiers = PLAIN,
              attn_bias_grad: bool = False):
-    """dq, dk, dv with the shapes of q, k, v, and with attn_bias_grad (mods.attn_bias's gradient
-    wanted, equal lengths) that gradient, (batch, heads, seqlen_q, seqlen_k) fp32, else None.
+    """dq, dk, dv with the shapes of q, k, v; with attn_bias_grad (mods.attn_bias's gradient
+    wanted, equal lengths) that gradient, (batch, heads, seqlen_q, seqlen_k) fp32, else None; and
+    with mods.sinks the sinks' gradient (sinks_gradient), else None.
 
     dout, q, k, v, out: (batch, seq, heads, dim) views of one fp16/bf16 dtype (`dtype` is its short
     name), already validated by the forward; lse: (batch, heads, seqlen_q) fp32 from the forward.
@@ -37,7 +38,8 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         bias_grad = torch.empty(batch, heads, seqlen_q, k.shape[1], dtype=torch.float32,
                                 device=q.device)
     if q.numel() == 0 or k.numel() == 0:  # no query or no key: nothing flows back
-        return (*(g.zero_() for g in grads), None if bias_grad is None else bias_grad.zero_())
+        return (*(g.zero_() for g in grads), None if bias_grad is None else bias_grad.zero_(),
+                None if mods.sinks is None else torch.zeros_like(mods.sinks))
     head_dim = q.shape[-1]
     launcher, padded_head_dim = _choose(q.get_device(), dtype, head_dim, mask, bool(varlen),
                                         mods.score_mod, mods.dropout, attn_bias_grad)
@@ -48,37 +50,44 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         inputs = host.aligned(q, k, v, out, dout,
                               tma=launcher.spec.family_record.tma_inputs)
         work = grads
-    run(launcher, *inputs, lse.contiguous(), *work, scale, band, deterministic, varlen, mods,
-        bias_grad)
+    lse = lse.contiguous()
+    dsinks = run(launcher, *inputs, lse, *work, scale, band, deterministic, varlen, mods,
+                 bias_grad)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
-    return (*grads, bias_grad)
+    return (*grads, bias_grad, dsinks)
 
 
-def sinks_gradient(dout, out, lse, sinks):
+def sinks_gradient(softmax_d, lse, sinks):
     """The gradient of the sinks (fp32 (heads,)) that joined the forward's softmax: a sink takes
     probability P = exp(sink - lse) of each row and adds no value, so its gradient is minus the
     sum over its head's rows of P times D = rowsum(dout * out), out and lse being the forward's
-    (with the sink). dout, out: (batch, seq, heads, dim) views, lse (batch, heads, seq)."""
-    rowsum = torch.einsum("bshd,bshd->bhs", dout.float(), out.float())
-    return -(torch.exp(sinks.view(1, -1, 1) - lse) * rowsum).sum((0, 2))
+    (with the sink). softmax_d: D as the kernel computed it, laid out as lse, (batch, heads,
+    seq)."""
+    return -(torch.exp(sinks.view(1, -1, 1) - lse) * softmax_d).sum((0, 2))
 
 
 def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
         band: Band, deterministic: bool, varlen: tuple = (), mods: Modifiers = PLAIN,
-        bias_grad=None) -> None:
+        bias_grad=None):
     """Runs one compiled backward kernel on aligned (batch, seq, heads, dim) views; its family
     decides its grids and workspaces. varlen: (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k) of a variable-length batch packed into (1, total, heads, dim) views.
-    bias_grad: where the bias score modifier's gradient goes (a family with bias_gradient)."""
+    bias_grad: where the bias score modifier's gradient goes (a family with bias_gradient).
+    Returns the sinks' gradient with mods.sinks (from D in the kernel's workspace: no second
+    pass over dout and out), else None."""
     spec = launcher.spec
-    args, scratch = families.runtime(spec.family).backward_args(
+    runtime = families.runtime(spec.family)
+    args, scratch = runtime.backward_args(
         spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods,
         bias_grad)
     host.call_on_device(loader.binding().bwd, q.get_device(),
                         (launcher.address, launcher.error_string_address, *args))
-    del scratch  # queued: the caching allocator reuses it in stream order
+    if mods.sinks is None:
+        return None  # the scratch is queued: the caching allocator reuses it in stream order
+    return sinks_gradient(runtime.softmax_d(spec, scratch, q, varlen).view(lse.shape), lse,
+                          mods.sinks)
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,

@@ -221,7 +221,7 @@ def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset,
               max_seqlen_q=0, max_seqlen_k=0):
     if dout.stride(-1) != 1:  # autograd's dout can be anything, e.g. expanded by out.sum()
         dout = dout.contiguous()
-    *grads, dbias = backward.backward(
+    *grads, dbias, dsinks = backward.backward(
         dout, q, k, v, out, lse, SUPPORTED_DTYPES[q.dtype], scale, mask,
         Band(mask_offset, window_left, window_right), deterministic, heads_first, cu_seqlens_q,
         cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -231,8 +231,8 @@ def _bwd_cuda(dout, q, k, v, out, lse, attn_bias_grad, scale, mask, mask_offset,
         attn_bias_grad=attn_bias_grad)
     if dbias is None:
         dbias = q.new_empty(0, dtype=torch.float32)
-    dsinks = (q.new_empty(0, dtype=torch.float32) if sinks is None
-              else backward.sinks_gradient(dout, out, lse, sinks))
+    if dsinks is None:
+        dsinks = q.new_empty(0, dtype=torch.float32)
     return (*grads, dbias, dsinks)
 
 

@@ -300,7 +300,7 @@ def reference_kernels(monkeypatch):
                                       deterministic=deterministic, heads_first=heads_first))
         dq, dk, dv = reference_grads(q, k, v, dout, mask == "causal", band.offset, scale)
         return (*(host.empty_output(t, heads_first).copy_(grad)
-                  for t, grad in zip((q, k, v), (dq, dk, dv))), None)
+                  for t, grad in zip((q, k, v), (dq, dk, dv))), None, None)
 
     monkeypatch.setattr(forward, "forward", reference_forward)
     monkeypatch.setattr(backward, "backward", reference_backward)

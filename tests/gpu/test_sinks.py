@@ -87,7 +87,7 @@ def test_without_sinks_nothing_changes(each_family):
     assert torch.equal(plain, sunk)
 
 
-def test_varlen_sequences_each_get_their_heads_sinks():
+def test_varlen_sequences_each_get_their_heads_sinks(each_family):
     lengths = [37, 300, 129, 1]
     heads, heads_kv, head_dim, dtype = 8, 2, 128, torch.bfloat16
     total = sum(lengths)

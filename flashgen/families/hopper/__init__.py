@@ -82,6 +82,29 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     return args, scratch
 
 
+def softmax_d(spec, scratch, q, varlen: tuple = ()):
+    """D = rowsum(dout * out) as the backward kernel `spec` left it in its scratch (backward_args'
+    layout), laid out as the lse: (batch, heads, seqlen_q), or a packed batch's (1, heads, total
+    rows), gathered from QueryBlockLayout's rows (each sequence's from a whole query block)."""
+    batch, total, heads, head_dim = q.shape
+    block_m = spec.tile.block_m
+    if not varlen:
+        per_head = -(-total // block_m) * block_m
+        rows = batch * heads * per_head
+        d = scratch[rows * head_dim:rows * (head_dim + 1)]
+        return d.view(batch, heads, per_head)[..., :total]
+    cu_seqlens_q = varlen[0]
+    sequences = cu_seqlens_q.numel() - 1
+    per_head = (total + sequences * block_m) // block_m * block_m  # PackedQueryBlocks::per_head
+    rows = heads * per_head
+    d = scratch[rows * head_dim:rows * (head_dim + 1)].view(heads, per_head)
+    row = torch.arange(total, device=q.device, dtype=cu_seqlens_q.dtype)
+    sequence = torch.searchsorted(cu_seqlens_q[1:], row, right=True)
+    first_row = cu_seqlens_q[sequence].long()
+    at = (first_row + sequence * block_m) // block_m * block_m + row - first_row
+    return d[:, at].unsqueeze(0)
+
+
 # A deterministic run's key blocks walk rotated where a (batch, KV head)'s are at most the SMs
 # over this. Measured on the H100 against walks in order (bf16, every hopper head dim): +6-17% at
 # 16-32 key blocks a head (2k), level to +6% at 64 (8k), 2-9% slower at 128, where the next head's

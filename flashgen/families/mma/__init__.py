@@ -91,6 +91,13 @@ def backward_args(spec, q, k, v, out, dout, lse, dq, dk, dv, scale: float, band:
     return args, scratch
 
 
+def softmax_d(spec, scratch, q, varlen: tuple = ()):
+    """D = rowsum(dout * out) as the backward kernel `spec` left it in its scratch (backward_args'
+    layout, the lse's: (batch, heads, seqlen_q), or a packed batch's (1, heads, total rows))."""
+    rows = q.shape[0] * q.shape[2] * q.shape[1]
+    return scratch[scratch.numel() - rows:]
+
+
 def backward_grid(spec, q_shape, k_sizes, device_index: int,
                   deterministic: bool) -> schedule.BwdGrid:
     """The grids of the backward kernel `spec` (schedule.py) for q of shape (batch, seqlen_q,
