@@ -4,10 +4,12 @@ kernel or binding found in the cache loads without the generator; only a miss im
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from codegen import paths
@@ -17,6 +19,7 @@ from flashgen import cache
 _lock = threading.Lock()
 _launchers: dict[KernelSpec, "Launcher"] = {}
 _binding = None
+_calls = threading.local()  # .gradients: this thread's forward call wants gradients
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,11 @@ class Launcher:
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _quiet(message: str) -> None:
+    """A first-use build's own log: its per-kernel lines say nothing the two lines around it do
+    not; errors still raise with the compiler's output."""
 
 
 def _build():
@@ -58,6 +66,53 @@ def binding():
     return _binding
 
 
+@contextlib.contextmanager
+def gradients_wanted():
+    """Within it, a forward kernel compiled on first use compiles with its backward, in one
+    parallel build: a training step's first call waits for the slower of the two, not their
+    sum. The autograd path of the forward op enters it."""
+    before = getattr(_calls, "gradients", False)
+    _calls.gradients = True
+    try:
+        yield
+    finally:
+        _calls.gradients = before
+
+
+def _backward_of(spec: KernelSpec) -> KernelSpec | None:
+    """The backward kernel a dense call of forward kernel `spec` runs, where one is configured."""
+    from flashgen import registry
+
+    choices = registry.candidates(spec.arch, "bwd", spec.dtype, spec.head_dim, spec.mask,
+                                  spec.score_mod, dropout=spec.dropout)
+    return choices[0].spec if choices else None
+
+
+def _compile(spec: KernelSpec) -> cache.Entry:
+    """Builds a kernel not in the cache at its first call (with its backward under
+    gradients_wanted) and returns its entry; FLASHGEN_JIT=0 makes that an error."""
+    command = (f"flashgen generate --arch {spec.arch} --head-dim {spec.head_dim} "
+               f"--dtype {spec.dtype}")
+    if not paths.jit_enabled():
+        raise RuntimeError(
+            f"flashgen: kernel {spec.name} is not built for {spec.arch} (cache: "
+            f"{paths.cache_dir()}) and FLASHGEN_JIT=0 forbids compiling it now; build it "
+            f"with `{command}`")
+    specs = [spec]
+    if spec.kind == "fwd" and getattr(_calls, "gradients", False):
+        backward = _backward_of(spec)
+        if backward is not None and cache.find_entry(backward) is None:
+            specs.append(backward)
+    names = " and ".join(s.name for s in specs)
+    _log(f"flashgen: {names} {'is' if len(specs) == 1 else 'are'} configured but not built for "
+         f"{spec.arch}; compiling now (next time it loads from {paths.cache_dir()}). "
+         f"`{command}` builds ahead of time.")
+    start = time.monotonic()
+    (entry,) = (e for e in _build().build(specs, log=_quiet) if e.spec == spec)
+    _log(f"flashgen: compiled {names} in {time.monotonic() - start:.1f} s")
+    return entry
+
+
 def launcher(spec: KernelSpec) -> Launcher:
     found = _launchers.get(spec)
     if found is not None:
@@ -69,19 +124,7 @@ def launcher(spec: KernelSpec) -> Launcher:
 
 
 def _load(spec: KernelSpec) -> Launcher:
-    entry = cache.find_entry(spec)
-    if entry is None:
-        command = (f"flashgen generate --arch {spec.arch} --head-dim {spec.head_dim} "
-                   f"--dtype {spec.dtype}")
-        if not paths.jit_enabled():
-            raise RuntimeError(
-                f"flashgen: kernel {spec.name} is not built for {spec.arch} (cache: "
-                f"{paths.cache_dir()}) and FLASHGEN_JIT=0 forbids compiling it now; build it "
-                f"with `{command}`")
-        _log(f"flashgen: {spec.name} is configured but not built for {spec.arch}; compiling it "
-             f"now (about half a minute; next time it loads from {paths.cache_dir()}). "
-             f"`{command}` builds ahead of time.")
-        (entry,) = _build().build([spec], log=_log)
+    entry = cache.find_entry(spec) or _compile(spec)
     library = ctypes.CDLL(str(entry.lib))
     address = ctypes.cast(getattr(library, spec.name), ctypes.c_void_p).value
     error_string = ctypes.cast(library.flashgen_error_string, ctypes.c_void_p).value

@@ -21,7 +21,7 @@ import operator
 
 import torch
 
-from flashgen import backward, decode, forward, host, variants
+from flashgen import backward, decode, forward, host, loader, variants
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 from flashgen.op_schema import (BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments,
@@ -297,7 +297,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, *arguments_and_keyset):
         *arguments, keyset = arguments_and_keyset
-        output = _fwd_below_autograd(keyset, arguments)
+        with loader.gradients_wanted():
+            output = _fwd_below_autograd(keyset, arguments)
         _save_for_backward(ctx, arguments, output)
         return output
 

@@ -308,3 +308,35 @@ def test_a_build_counts_kernels_not_link_steps_and_estimates_the_rest(tmp_path, 
     assert ok and len(logged) == 2
     assert logged[0].startswith("[1/2 kernels, ") and logged[0].endswith("left] fwd_a")
     assert logged[1].startswith("[2/2 kernels, ") and "about 0s left" in logged[1]
+
+
+def first_use_builds(monkeypatch, tmp_path) -> list:
+    """loader._compile's builds (the specs of each), through a stand-in for codegen.build."""
+    from flashgen import loader
+
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLASHGEN_JIT", "1")
+    builds = []
+
+    class Build:
+        @staticmethod
+        def build(specs, log=print):
+            builds.append(sorted(s.name for s in specs))
+            return [cache.Entry(s, tmp_path / s.name) for s in specs]
+
+    monkeypatch.setattr(loader, "_build", lambda: Build)
+    return builds
+
+
+def test_a_forward_first_used_by_a_call_that_wants_gradients_compiles_with_its_backward(
+        monkeypatch, tmp_path):
+    from flashgen import loader
+
+    builds = first_use_builds(monkeypatch, tmp_path)
+    (forward,) = (s for s in SPECS if s.name == "fwd_hopper_sm90_bf16_hd128_none_m128n128s2p1o1")
+    assert loader._compile(forward).spec == forward
+    with loader.gradients_wanted():
+        assert loader._compile(forward).spec == forward
+    backward = loader._backward_of(forward)
+    assert backward.kind == "bwd" and backward.head_dim == 128 and backward.mask == "none"
+    assert builds == [[forward.name], sorted([forward.name, backward.name])]
