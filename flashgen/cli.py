@@ -18,7 +18,7 @@ from codegen.config import DTYPES, ConfigError, load_config
 from codegen.masks import MASKS
 from codegen.score_mods import SCORE_MODS
 from codegen.spec import KINDS, KernelSpec, enumerate_specs
-from flashgen import cache
+from flashgen import cache, dispatch
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="only these kernel families (default: every configured one)")
         p.add_argument("--dropout", choices=("with", "without"), default=None,
                        help="only kernels with dropout, or only those without (default: both)")
+        p.add_argument("--preferred", action="store_true",
+                       help="only the family each selected call runs on first (its tiles): "
+                            "what a call that forces no family and needs no fallback runs; "
+                            "the others compile on first use")
 
     gen = sub.add_parser("generate", help="render the config's kernels and compile them")
     add_selection(gen)
@@ -151,7 +155,23 @@ def _selected(args):
                             masks=args.mask, kinds=args.kind, family_names=args.family,
                             score_mods=args.score_mod,
                             dropout=None if args.dropout is None else args.dropout == "with")
+    if args.preferred:
+        specs = preferred(specs, tuple(enumerate_specs(config)))
     return config, specs
+
+
+def preferred(specs: list[KernelSpec], configured: tuple[KernelSpec, ...]) -> list[KernelSpec]:
+    """The specs of the family that dispatch tries first for their own call (arch, kind, dtype,
+    head dim, mask, score modifier, dropout), among every configured spec."""
+    first = {}
+    for spec in specs:
+        call = (spec.arch, spec.kind, spec.dtype, spec.head_dim, spec.mask, spec.score_mod,
+                spec.dropout)
+        if call not in first:
+            (choice, *_) = dispatch.candidates(configured, *call[:6], dropout=spec.dropout)
+            first[call] = choice.spec.family
+    return [s for s in specs if s.family == first[(s.arch, s.kind, s.dtype, s.head_dim, s.mask,
+                                                   s.score_mod, s.dropout)]]
 
 
 def _generate(args) -> int:

@@ -161,6 +161,24 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     assert out.count("_softcap_dropout_") == 12 and "12 kernel(s)" in out
 
 
+def test_preferred_keeps_the_family_each_call_runs_first(tmp_path, monkeypatch, capsys):
+    """On sm_90 the hopper family runs the forward and backward of the head dims it configures;
+    the mma family the KV cache and the head dims hopper lacks (32)."""
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    selection = ["list", "--arch", "sm_90", "--mask", "none", "--mask", "causal",
+                 "--score-mod", "none", "--dropout", "without"]
+    assert main(selection) == 0
+    every = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert main([*selection, "--preferred"]) == 0
+    kept = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert set(kept) < set(every)
+    mma_fwd_bwd = [n for n in kept if re.match(r"(fwd|bwd)_mma_", n)]
+    assert mma_fwd_bwd and all("_hd32_" in n for n in mma_fwd_bwd)
+    assert ({n for n in every if n.startswith("kvcache_")}
+            == {n for n in kept if n.startswith("kvcache_")})
+    assert any(n.startswith("fwd_hopper_") and "_hd128_" in n for n in kept)
+
+
 def test_unknown_arch_is_rejected():
     with pytest.raises(SystemExit):
         main(["generate", "--arch", "sm_99"])
