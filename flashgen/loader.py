@@ -111,9 +111,24 @@ def _compile(spec: KernelSpec) -> cache.Entry:
          f"{spec.arch}; compiling now (next time it loads from {paths.cache_dir()}). "
          f"`{command}` builds ahead of time.")
     start = time.monotonic()
+    binding_build = None
+    if _binding is None and not cache.binding_path().is_file():  # a fresh install's first call
+        binding_build = threading.Thread(target=_build_binding_quietly, daemon=True)
+        binding_build.start()
     (entry,) = (e for e in _build().build(specs, log=_quiet) if e.spec == spec)
+    if binding_build is not None:
+        binding_build.join()
     _log(f"flashgen: compiled {names} in {time.monotonic() - start:.1f} s")
     return entry
+
+
+def _build_binding_quietly() -> None:
+    """The binding's build beside a kernel's (its own lock); a failure shows when binding() builds
+    it again."""
+    try:
+        _build().build_binding(log=_quiet)
+    except Exception:  # noqa: BLE001 - binding() raises it with the compiler's output
+        pass
 
 
 def launcher(spec: KernelSpec) -> Launcher:

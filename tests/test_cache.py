@@ -316,6 +316,7 @@ def first_use_builds(monkeypatch, tmp_path) -> list:
 
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FLASHGEN_JIT", "1")
+    monkeypatch.setattr(loader, "_binding", None)  # a fresh install: no binding either
     builds = []
 
     class Build:
@@ -323,6 +324,10 @@ def first_use_builds(monkeypatch, tmp_path) -> list:
         def build(specs, log=print):
             builds.append(sorted(s.name for s in specs))
             return [cache.Entry(s, tmp_path / s.name) for s in specs]
+
+        @staticmethod
+        def build_binding(log=print):
+            builds.append(["binding"])
 
     monkeypatch.setattr(loader, "_build", lambda: Build)
     return builds
@@ -339,4 +344,6 @@ def test_a_forward_first_used_by_a_call_that_wants_gradients_compiles_with_its_b
         assert loader._compile(forward).spec == forward
     backward = loader._backward_of(forward)
     assert backward.kind == "bwd" and backward.head_dim == 128 and backward.mask == "none"
-    assert builds == [[forward.name], sorted([forward.name, backward.name])]
+    kernels = [b for b in builds if b != ["binding"]]
+    assert kernels == [[forward.name], sorted([forward.name, backward.name])]
+    assert ["binding"] in builds  # built beside the first kernel, not after it

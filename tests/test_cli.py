@@ -206,6 +206,7 @@ def test_generate_warns_of_a_kernel_whose_wgmma_ptxas_serialised(tmp_path, capsy
         return entries
 
     monkeypatch.setattr(build, "build", fake_build)
+    monkeypatch.setattr(build, "build_binding", lambda: tmp_path / "binding.so")
     assert main(["generate", "--arch", "sm_90", "--family", "hopper", "--kind", "bwd",
                  "--head-dim", "128", "--dtype", "bf16", "--score-mod", "none", "--dropout",
                  "without", "--out", str(tmp_path / "out")]) == 0
