@@ -1,10 +1,11 @@
 """A variable-length batch's packed query blocks (common/packed_blocks.cuh, compiled for the host
-by conftest's host_library): the forwards' tiles over them and the rule that picks them over a
-dense batch's."""
+by conftest's host_library): the forwards' tiles over them, the rule that picks them over a
+dense batch's, and the hopper backward's per-row workspace as Python reads it back."""
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import random
 
 import pytest
@@ -36,6 +37,12 @@ struct Params {
   extern "C" long long grid_tiles_##M(const int* cu, int batch, int heads, int seqlen_q,       \\
                                       int rows) {                                              \\
     return flashgen::PackedQueryBlocks<M>::grid_tiles(Params{cu, batch, heads, seqlen_q, rows}); \\
+  }                                                                                            \\
+  extern "C" long long per_head_##M(long long rows, int batch) {                              \\
+    return flashgen::PackedQueryBlocks<M>::per_head(rows, batch);                              \\
+  }                                                                                            \\
+  extern "C" int first_##M(long long first_row, int b) {                                      \\
+    return flashgen::PackedQueryBlocks<M>::first(first_row, b);                                \\
   }
 EXPORT(128)
 EXPORT(80)
@@ -136,3 +143,37 @@ def test_equal_lengths_keep_the_dense_tiles_and_skewed_ones_take_their_own(decod
 
 def test_a_batch_of_empty_sequences_launches_no_tile(decoder):
     assert Batch(decoder, 128, [0, 0, 0], heads=8, spare=5).grid_tiles() == 0
+
+
+@pytest.mark.parametrize("lengths", [[37, 300, 129, 1], [0, 5, 0, 80], [200]])
+def test_the_hopper_backwards_row_terms_read_back_in_the_lses_layout(decoder, lengths):
+    """hopper.softmax_d gathers D of a packed batch from the backward's workspace rows, which
+    QueryBlockLayout lays out per head in whole query blocks, each sequence from its first
+    (PackedQueryBlocks::first): every packed row of every head reads its own row there."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from flashgen.families import hopper
+
+    block_m, heads, head_dim = 80, 3, 8
+    total = sum(lengths)
+    per_head = getattr(decoder, f"per_head_{block_m}")
+    per_head.restype = ctypes.c_longlong
+    blocks = per_head(total, len(lengths))
+    rows = heads * blocks * block_m
+    scratch = torch.full((rows * (head_dim + 2),), float("nan"))
+    expected = torch.empty(1, heads, total)
+    start = 0
+    for b, n in enumerate(lengths):
+        first = getattr(decoder, f"first_{block_m}")(start, b)
+        for head in range(heads):
+            for r in range(n):
+                at = (head * blocks + first) * block_m + r
+                scratch[rows * head_dim + at] = expected[0, head, start + r] = float(at)
+        start += n
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    spec = SimpleNamespace(tile=SimpleNamespace(block_m=block_m))
+    got = hopper.softmax_d(spec, scratch, torch.empty(1, total, heads, head_dim),
+                           (cu, cu, max(lengths), max(lengths)))
+    assert torch.equal(got, expected)
