@@ -39,7 +39,10 @@ def _log(message: str) -> None:
 
 def _quiet(message: str) -> None:
     """A first-use build's own log: its per-kernel lines say nothing the two lines around it do
-    not; errors still raise with the compiler's output."""
+    not (errors still raise with the compiler's output); a wait for another process's build
+    lock still shows."""
+    if message.startswith("flashgen: waiting"):
+        _log(message)
 
 
 def _build():

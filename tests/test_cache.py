@@ -347,3 +347,12 @@ def test_a_forward_first_used_by_a_call_that_wants_gradients_compiles_with_its_b
     kernels = [b for b in builds if b != ["binding"]]
     assert kernels == [[forward.name], sorted([forward.name, backward.name])]
     assert ["binding"] in builds  # built beside the first kernel, not after it
+
+
+def test_a_first_use_build_shows_only_a_wait_for_another_builder(capsys):
+    from flashgen import loader
+
+    loader._quiet("[1/2 kernels, 31s, about 31s left] fwd_hopper_sm90_bf16_hd96_window")
+    loader._quiet("flashgen: waiting for another build (pid 7) holding /cache/sm_90/.lock")
+    assert capsys.readouterr().err == ("flashgen: waiting for another build (pid 7) holding "
+                                       "/cache/sm_90/.lock\n")
