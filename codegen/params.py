@@ -219,6 +219,10 @@ DECODE_FIELDS = (
           "each split's normalised output", default=0),
     Field("lse_accum", "float*", "(num_splits, batch, heads, seqlen_q) fp32 workspace: each "
           "split's lse (-inf where it saw no key)", default=0),
+    Field("min_seqlen_q", "int", "a variable-length batch: this launch attends for the "
+          "sequences of min_seqlen_q to seqlen_q queries and leaves the others' rows alone (a "
+          "batch mixing prefill and decode runs as two launches, each on its own tile and "
+          "split); 0: every sequence", default=0),
 ) + KV_CACHE_FIELDS + (
     _tensor("k_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim): keys to append at "
             "cache_seqlens (rotated when rotary_dim > 0) before attending; nullptr: none",

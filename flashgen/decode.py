@@ -54,6 +54,28 @@ def choose_splits(work_blocks: int, key_blocks: int, slots: int) -> int:
     return max(range(1, most + 1), key=lambda s: (round(efficiency(s), 3), -s))
 
 
+def mixed_decode_tokens(batch: int, total: int, longest: int, group: int) -> int:
+    """A variable-length batch of `total` query tokens whose longest sequence (`longest` tokens)
+    takes the prefill tile: the most tokens of the sequences that run apart on the decode tile
+    (fewer than PREFILL_ROWS packed rows), each launch with its own split; 0 where one launch
+    serves (every sequence as long as the longest, a decode-sized longest, one sequence). On the
+    prefill tile a decode row walks every key in a block of mostly empty rows."""
+    if batch < 2 or longest * group < PREFILL_ROWS or total >= batch * longest:
+        return 0
+    return max(0, -(-PREFILL_ROWS // group) - 1)
+
+
+def _splits(spec, tokens: int, sequences: int, longest: int, group: int, heads_kv: int,
+            keys: int, slots: int) -> int:
+    """The split count of one decode launch on spec's tile over at most `sequences` sequences of
+    at most `longest` query tokens, `tokens` in all (their lengths live on the device), each
+    seeing at most `keys` keys."""
+    block_m = spec.tile.block_m
+    work = min(sequences * -(-longest * group // block_m),
+               -(-tokens * group // block_m) + sequences)  # at most one partial block a sequence
+    return choose_splits(heads_kv * work, -(-keys // spec.tile.block_n), slots)
+
+
 def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
            cache_batch_idx, cache_leftpad, block_table, scale: float, window_left: int,
            window_right: int, softcap: float, alibi_slopes, sinks, rotary_interleaved: bool,
@@ -121,9 +143,8 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
                                                if t is not None))
     if v is not None and v.mask_mod:
         mask = v.name
-    launcher, slots = _plan(device_index, dtype, head_dim, mask, packed_rows >= PREFILL_ROWS,
-                            mods.score_mod)
-    spec = launcher.spec
+    prefill = packed_rows >= PREFILL_ROWS
+    launcher, slots = _plan(device_index, dtype, head_dim, mask, prefill, mods.score_mod)
     attention = None
     # A forced split count, or a variant (whose mask would need block ranges there), runs on the
     # decode kernel, which splits; so do packed queries and left-padded caches, which the
@@ -136,46 +157,62 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
     out, lse = empty_outputs(q, out)
     if out.numel() == 0:
         return out, lse
+    keys = min(capacity, window_left + seqlen_q)  # the most any block's tokens see
+    # (launcher, min_seqlen_q, seqlen_q, num_splits) per launch.
+    total = q.shape[1] if packed else batch * seqlen_q
+    decode_tokens = (mixed_decode_tokens(batch, total, seqlen_q, group)
+                     if packed and k_new is None and rotary_cos is None else 0)
     if attention is not None:
-        num_splits = 0  # the decode launch appends only
-    elif num_splits == 0:
-        block_m = spec.tile.block_m
-        packed_blocks = -(-packed_rows // block_m)
-        work = batch * packed_blocks
-        if packed:  # the blocks with rows: at most one partial block per sequence
-            work = min(work, -(-q.shape[1] * group // block_m) + batch)
-        keys = min(capacity, window_left + seqlen_q)  # the most any block's tokens see
-        num_splits = choose_splits(heads_kv * work, -(-keys // spec.tile.block_n), slots)
+        launches = [(launcher, 0, seqlen_q, 0)]  # the decode launch appends only
+    elif num_splits:
+        launches = [(launcher, 0, seqlen_q, num_splits)]
+    elif decode_tokens:
+        short, short_slots = _plan(device_index, dtype, head_dim, mask, False, mods.score_mod)
+        # The longest sequence is a prefill one: the others hold total - seqlen_q tokens.
+        launches = [
+            (launcher, decode_tokens + 1, seqlen_q,
+             _splits(launcher.spec, total, min(batch, total // (decode_tokens + 1)), seqlen_q,
+                     group, heads_kv, keys, slots)),
+            (short, 0, decode_tokens,
+             _splits(short.spec, total - seqlen_q, batch - 1, decode_tokens, group, heads_kv,
+                     keys, short_slots))]
+    else:
+        launches = [(launcher, 0, seqlen_q,
+                     _splits(launcher.spec, total, batch, seqlen_q, group, heads_kv, keys,
+                             slots))]
+    most_splits = max(splits for *_, splits in launches)
     o_accum = lse_accum = None
-    if num_splits > 1:
+    if most_splits > 1:
         # per split, a row per (sequence, head, token) as lse has them
-        o_accum = torch.empty((num_splits, *lse.shape, head_dim), dtype=torch.float32,
+        o_accum = torch.empty((most_splits, *lse.shape, head_dim), dtype=torch.float32,
                               device=q.device)
-        lse_accum = torch.empty((num_splits, *lse.shape), dtype=torch.float32, device=q.device)
+        lse_accum = torch.empty((most_splits, *lse.shape), dtype=torch.float32, device=q.device)
     rotary = rotary_cos is not None
     q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
-    args = params.decode_args(
-        q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch, heads=heads,
-        heads_kv=heads_kv, seqlen_q=seqlen_q, seqlen_k=capacity,
-        **mods.fields(scale), **band.fields(), num_splits=num_splits,
-        cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
-        o_accum=0 if o_accum is None else o_accum.data_ptr(),
-        lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
-        cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
-        cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
-        cache_leftpad=0 if cache_leftpad is None else cache_leftpad.data_ptr(),
-        block_table=block_table.data_ptr() if paged else 0,
-        block_table_batch_stride=block_table.stride(0) if paged else 0,
-        page_size=k_cache.shape[1] if paged else 0,
-        k_new=k_new, v_new=v_new, seqlen_new=0 if k_new is None else k_new.shape[1],
-        q_rot=q_rot,
-        rotary_cos=rotary_cos.data_ptr() if rotary else 0,
-        rotary_sin=rotary_sin.data_ptr() if rotary else 0,
-        rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
-        rotary_interleaved=int(rotary_interleaved))
-    if attention is None or k_new is not None or rotary:
-        host.call_on_device(loader.binding().decode, device_index,
-                            (launcher.address, launcher.error_string_address, *args))
+    for kernel, min_seqlen_q, launch_seqlen_q, splits in launches:
+        args = params.decode_args(
+            q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch,
+            heads=heads, heads_kv=heads_kv, seqlen_q=launch_seqlen_q, seqlen_k=capacity,
+            **mods.fields(scale), **band.fields(), num_splits=splits,
+            min_seqlen_q=min_seqlen_q,
+            cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
+            o_accum=0 if o_accum is None else o_accum.data_ptr(),
+            lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
+            cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
+            cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
+            cache_leftpad=0 if cache_leftpad is None else cache_leftpad.data_ptr(),
+            block_table=block_table.data_ptr() if paged else 0,
+            block_table_batch_stride=block_table.stride(0) if paged else 0,
+            page_size=k_cache.shape[1] if paged else 0,
+            k_new=k_new, v_new=v_new, seqlen_new=0 if k_new is None else k_new.shape[1],
+            q_rot=q_rot,
+            rotary_cos=rotary_cos.data_ptr() if rotary else 0,
+            rotary_sin=rotary_sin.data_ptr() if rotary else 0,
+            rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
+            rotary_interleaved=int(rotary_interleaved))
+        if attention is None or k_new is not None or rotary:
+            host.call_on_device(loader.binding().decode, device_index,
+                                (kernel.address, kernel.error_string_address, *args))
     if attention is not None:
         forward_launcher, fields = attention
         cache = {name: getattr(args, name) for name in _CACHE_FIELDS}

@@ -61,3 +61,17 @@ def test_chunked_prefill_takes_a_forward_that_reads_the_cache_from_256_new_token
     assert runs_on_forward(512, page_size=256) and not runs_on_forward(512, page_size=64)
     monkeypatch.setattr(decode.forward, "plan", lambda *args: None)  # no such forward
     assert not runs_on_forward(512)
+
+
+def test_a_mixed_batch_runs_its_decode_sized_sequences_apart():
+    """flash_attn_varlen_func over a paged cache with prefill and decode rows: the sequences of
+    fewer than PREFILL_ROWS packed rows take the decode tile in a launch of their own."""
+    from flashgen.decode import PREFILL_ROWS, mixed_decode_tokens
+
+    assert PREFILL_ROWS == 256
+    # 512 prefill tokens and 31 one-token rows, 4 query heads per KV head: up to 63 tokens apart
+    assert mixed_decode_tokens(batch=32, total=543, longest=512, group=4) == 63
+    assert mixed_decode_tokens(batch=6, total=343, longest=300, group=1) == 255
+    assert mixed_decode_tokens(batch=4, total=4 * 512, longest=512, group=4) == 0  # all prefill
+    assert mixed_decode_tokens(batch=32, total=32, longest=1, group=4) == 0  # all decode
+    assert mixed_decode_tokens(batch=1, total=512, longest=512, group=4) == 0

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "flashgen/common/params.h"
+#include "flashgen/common/seqinfo.cuh"
 
 namespace flashgen {
 
@@ -16,21 +17,22 @@ __device__ __forceinline__ int split_rows(DecodeParams const& p) {
   return p.cu_seqlens_q == nullptr ? p.batch * p.seqlen_q : p.cu_seqlens_q[p.batch];
 }
 
-// One warp per output row (sequence, head, token), 4 rows per block of 128 threads; the grid
-// covers batch * heads * seqlen_q rows, at least those of a variable-length batch. The heads'
-// sinks join the combined denominator here, not in the splits.
+// One warp per output row (head, token) of the sequence blockIdx.y, 4 rows per block of 128
+// threads over heads * seqlen_q rows (a variable-length batch's longest); the sequences that the
+// split launch skipped (DecodeParams::min_seqlen_q) are skipped here too. The heads' sinks join
+// the combined denominator here, not in the splits.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const DecodeParams p) {
   constexpr int kColsPerLane = (kHeadDim + 31) / 32;
-  const bool packed = p.cu_seqlens_q != nullptr;
-  const int per_head = packed ? split_rows(p) : p.seqlen_q;  // a statistic's rows per head
-  const int rows = (packed ? 1 : p.batch) * p.heads * per_head;
-  const int row = blockIdx.x * 4 + threadIdx.x / 32;  // ((batch * heads) + head) * per_head + t
+  const DenseSeqs seq(p, int(blockIdx.y));
+  if (seq.seqlen_q < p.min_seqlen_q || seq.seqlen_q > p.seqlen_q) return;
+  const int local = blockIdx.x * 4 + threadIdx.x / 32;  // head * seqlen_q + token
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
-  const int token = row % per_head;  // a variable-length batch's: its packed row
-  const int head = row / per_head % p.heads;
-  const int batch = row / per_head / p.heads;
+  if (local >= p.heads * seq.seqlen_q) return;
+  const int token = local % seq.seqlen_q;
+  const int head = local / seq.seqlen_q;
+  const int64_t rows = int64_t(p.heads) * split_rows(p);  // a split's statistics
+  const int64_t row = seq.row_stats_offset(p.heads, head) + token;
 
   const float sink = p.sinks == nullptr ? -INFINITY : p.sinks[head];
   float max_lse = sink;
@@ -61,8 +63,9 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const DecodeParams 
     }
   }
 
-  Element* out = static_cast<Element*>(p.o) + batch * p.o_batch_stride + token * p.o_row_stride +
-                 head * p.o_head_stride;
+  Element* out = static_cast<Element*>(p.o) +
+                 seq.q_offset(p.o_batch_stride, p.o_row_stride, p.o_head_stride, head) +
+                 token * p.o_row_stride;
 #pragma unroll
   for (int i = 0; i < kColsPerLane; ++i) {
     const int col = lane + 32 * i;

@@ -8,7 +8,8 @@
 // fills the GPU. Each key row's address comes from the cache layout (KvCacheRows): a contiguous
 // cache, or a paged one of any page size. The queries are a dense batch, or a variable-length one
 // packed (cu_seqlens_q, flash_attn_varlen_func over a paged cache): the grid then covers the
-// longest sequence and the blocks past a shorter one's rows return at once.
+// longest sequence and the blocks past a shorter one's rows return at once; a batch mixing
+// prefill and decode runs as two launches, each attending for the sequences of its query counts.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -58,6 +59,8 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   const int head_kv = blockIdx.z % p.heads_kv;
   const int group = p.heads / p.heads_kv;
   const DenseSeqs seq(p, batch);  // the sequence's queries (its keys are the cache's)
+  // A mixed batch's other launch attends for this sequence (DecodeParams::min_seqlen_q).
+  if (seq.seqlen_q < p.min_seqlen_q || seq.seqlen_q > p.seqlen_q) return;
   const int packed_rows = seq.seqlen_q * group;
   const int row0 = m_block * kBlockM;  // this block's first packed row
   if (row0 >= packed_rows) return;     // past a shorter sequence of a variable-length batch

@@ -48,10 +48,11 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
   if (p.num_splits > 1) {
-    const int64_t rows = int64_t(p.batch) * p.heads * p.seqlen_q;
+    const int64_t rows = int64_t(p.heads) * p.seqlen_q;  // per sequence, 4 a block
     if (cudaError_t err = check_grid((rows + 3) / 4); err != cudaSuccess) return err;
+    if (p.batch > 65535) return cudaErrorInvalidConfiguration;
     combine_splits_kernel<Element, Traits::kHeadDim>
-        <<<unsigned((rows + 3) / 4), 128, 0, stream>>>(p);
+        <<<dim3(unsigned((rows + 3) / 4), unsigned(p.batch)), 128, 0, stream>>>(p);
     return cudaGetLastError();
   }
   return cudaSuccess;
