@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from codegen import ninja, paths, variants
-from codegen.render import render_spec
+from codegen.render import render_spec, write_if_changed
 from codegen.spec import KernelSpec
 from flashgen import cache
 
@@ -163,8 +163,8 @@ def _build_arch(arch, specs, nvcc_bin, nvcc, jobs, objects_only, log) -> list[ca
         for spec in missing:
             key = cache.entry_key(spec, nvcc)
             source = build_dir / "src" / f"{spec.name}.cu"
-            source.parent.mkdir(parents=True, exist_ok=True)
-            source.write_text(render_spec(spec))
+            # Rewritten only where it changed: ninja then keeps what a killed build finished.
+            write_if_changed(source, render_spec(spec))
             targets.append(ninja.KernelTarget(
                 name=spec.name, source=source, obj=build_dir / "obj" / f"{spec.name}-{key}.o",
                 lib=build_dir / "lib" / f"{spec.name}-{key}.so", gencode=cache.gencode(spec)))

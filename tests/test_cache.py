@@ -28,9 +28,12 @@ FAKE_NVCC = textwrap.dedent("""\
     if mode == "fail":
         print("kernel.cu(42): error: planted template error", file=sys.stderr)
         sys.exit(1)
-    if mode == "slow":
+    if mode == "slow" and os.environ.get("FAKE_NVCC_SLOW_FOR", "") in " ".join(args):
         time.sleep(float(os.environ.get("FAKE_NVCC_SLEEP", "2")))
     out = args[args.index("-o") + 1]
+    if "-c" in args and os.environ.get("FAKE_NVCC_LOG"):
+        with open(os.environ["FAKE_NVCC_LOG"], "a") as log:
+            log.write(out + "\\n")
     if "-c" in args:  # what ptxas -v reports, as nvcc prints it
         print("ptxas info    : Used 77 registers, used 1 barriers", file=sys.stderr)
         print("    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads", file=sys.stderr)
@@ -126,6 +129,37 @@ def test_a_build_killed_half_way_leaves_nothing_that_loads(fake_toolchain):
     assert cache.find_entry(spec) is None and entries(spec) == []
     (entry,) = build.build([spec])  # the lock died with its holder; the next build works
     assert cache.find_entry(spec).path == entry.path
+
+
+def test_a_killed_build_keeps_the_kernels_it_finished(fake_toolchain, tmp_path):
+    """The next build compiles only what the killed one had not: sources it renders again are
+    rewritten only where they changed, so ninja finds the finished objects up to date."""
+    done, unfinished = SPECS[2], SPECS[3]
+    compiled = tmp_path / "compiled.txt"
+    code = ("from tests.test_cache import SPECS; from codegen import build; "
+            "build.build([SPECS[2], SPECS[3]], jobs=2)")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=paths.REPO_ROOT,
+                            env=dict(fake_toolchain, FAKE_NVCC_MODE="slow",
+                                     FAKE_NVCC_SLOW_FOR=unfinished.name, FAKE_NVCC_SLEEP="30",
+                                     FAKE_NVCC_LOG=str(compiled)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    libs = cache.arch_dir(done.arch) / ".build" / "lib"
+    deadline = time.monotonic() + 60
+    while not any(libs.glob(f"{done.name}-*.so")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)  # ninja logs the finished link
+    proc.kill()
+    proc.wait()
+    assert cache.find_entry(done) is None  # published only when a build ends
+    compiled.write_text("")
+    os.environ["FAKE_NVCC_LOG"] = str(compiled)
+    try:
+        build.build([done, unfinished])
+    finally:
+        del os.environ["FAKE_NVCC_LOG"]
+    again = compiled.read_text()
+    assert unfinished.name in again and done.name not in again
+    assert cache.find_entry(done) is not None and cache.find_entry(unfinished) is not None
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete_meta"])
