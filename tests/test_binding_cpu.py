@@ -419,4 +419,32 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
         "block_table": table.data_ptr() if paged else None,
         "block_table_batch_stride": 8 if paged else 0, "page_size": page if paged else 0,
         "seqlen_new": new_tokens, "rotary_cos": cos.data_ptr(), "rotary_sin": sin.data_ptr(),
-        "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0}
+        "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0, "min_seqlen_q": 0}
+
+
+def test_a_mixed_varlen_batch_launches_its_prefill_and_decode_sequences_apart(binding,
+                                                                               monkeypatch):
+    """A packed batch whose longest sequence takes the prefill tile: one launch for the sequences
+    of more than decode_tokens queries, one on the decode tile for the rest, each with its own
+    split, sharing the output, lse and the split workspaces."""
+    lengths = [300, 1, 4, 0, 37]
+    total, heads, heads_kv, page = sum(lengths), 8, 2, 16
+    q = torch.empty(1, total, heads, 64, dtype=torch.float16)
+    k_cache = torch.empty(40, page, heads_kv, 64, dtype=torch.float16)
+    table = torch.zeros(len(lengths), 8, dtype=torch.int32)
+    cu_seqlens_q = torch.tensor([0, 300, 301, 305, 305, 342], dtype=torch.int32)
+    prefill_tile = RecordingLauncher(DecodeParams, tile=SimpleNamespace(block_m=128, block_n=32))
+    decode_tile = RecordingLauncher(DecodeParams, tile=SimpleNamespace(block_m=64, block_n=64))
+    monkeypatch.setattr(decode, "_plan", lambda *args: (prefill_tile if args[4] else decode_tile,
+                                                        264))
+    monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)
+    decode.decode(q, k_cache, k_cache, None, None, None, None, None, None, None, table, 0.125,
+                  decode.WINDOW_UNBOUNDED, 0, 0.0, None, None, False, 0, cu_seqlens_q=cu_seqlens_q,
+                  max_seqlen_q=300)
+    decode_tokens = decode.mixed_decode_tokens(len(lengths), total, 300, heads // heads_kv)
+    assert decode_tokens == 63
+    ((prefill, _),), ((short, _),) = prefill_tile.launches, decode_tile.launches
+    assert (prefill.min_seqlen_q, prefill.seqlen_q) == (decode_tokens + 1, 300)
+    assert (short.min_seqlen_q, short.seqlen_q) == (0, decode_tokens)
+    assert prefill.o == short.o and prefill.softmax_lse == short.softmax_lse
+    assert short.num_splits > 1 and short.o_accum == prefill.o_accum != 0
