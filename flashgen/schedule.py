@@ -95,16 +95,34 @@ def sorted_tail_blocks(uneven: bool, key_blocks: int, batch_heads: int,
     return blocks
 
 
-@functools.lru_cache(maxsize=1024)  # pure, and asked once per backward call: 4 us on a CPU
+# FlashAttention-2's contract: without deterministic=True only dQ's adds race, dK and dV come out
+# the same bits every run. A split tail sums them in an order that varies, so a process that takes
+# FA2's API (flashgen.compat) turns it off: keep_dkdv_reproducible().
+_dkdv_reproducible = False
+
+
+def keep_dkdv_reproducible() -> None:
+    """From now on no backward in this process splits its tail: dK and dV reproducible bit for
+    bit without deterministic=True, as FlashAttention-2 gives them (importing flashgen.compat
+    calls this)."""
+    global _dkdv_reproducible
+    _dkdv_reproducible = True
+
+
 def split_tail(uneven: bool, deterministic: bool, blocks: int, steps: int,
                sm_count: int) -> tuple[int, int]:
     """(split_blocks, splits) for a dK/dV grid of `blocks` key blocks of `steps` steps each on
     sm_count SMs: the last wave's blocks, in as many pieces (at most MAX_SPLITS, each of at least
     MIN_PIECE_STEPS steps) as end the grid soonest by the model above, fewer on a tie; (0, 1) for
     no split."""
-    last_wave = blocks % sm_count
-    if uneven or deterministic or last_wave == 0:
+    if uneven or deterministic or _dkdv_reproducible or blocks % sm_count == 0:
         return 0, 1
+    return _split_tail(blocks, steps, sm_count)
+
+
+@functools.lru_cache(maxsize=1024)  # pure, and asked once per backward call: 4 us on a CPU
+def _split_tail(blocks: int, steps: int, sm_count: int) -> tuple[int, int]:
+    last_wave = blocks % sm_count
 
     def tail_steps(splits: int) -> int:
         piece_steps = -(-steps // splits) + (SPLIT_PIECE_STEPS if splits > 1 else 0)

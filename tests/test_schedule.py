@@ -4,12 +4,20 @@
 from __future__ import annotations
 
 import ctypes
+import sys
 from types import SimpleNamespace
 
 import pytest
 
 from codegen.masks import MASKS
 from flashgen import schedule
+
+
+@pytest.fixture(autouse=True)
+def _flashgen_own_contract(monkeypatch):
+    """The split tail as flashgen's own API runs it (a test that installs flashgen.compat turns
+    it off for the process)."""
+    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
 
 DECODER = """
 #include "flashgen/common/block_order.cuh"
@@ -90,6 +98,25 @@ def test_a_grid_smaller_than_the_gpu_splits_every_block():
 def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, deterministic,
                                                                       blocks, steps):
     assert schedule.split_tail(causal, deterministic, blocks, steps, 132) == (0, 1)
+
+
+def test_under_fa2s_contract_no_tail_splits(monkeypatch):
+    """flashgen.compat keeps dK and dV reproducible without deterministic=True (FA2's tests
+    compare them bit for bit across runs): no pieces summing in a varying order."""
+    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
+    assert schedule.split_tail(False, False, 4096, 128, 132) != (0, 1)
+    schedule.keep_dkdv_reproducible()
+    assert schedule.split_tail(False, False, 4096, 128, 132) == (0, 1)
+
+
+def test_installing_the_fa2_package_keeps_dkdv_reproducible(monkeypatch):
+    from flashgen import compat
+
+    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
+    for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
+        monkeypatch.delitem(sys.modules, name)
+    compat.install()
+    assert schedule.split_tail(False, False, 4096, 128, 132) == (0, 1)
 
 
 def test_a_spec_has_a_rank_per_query_block():

@@ -7,7 +7,8 @@
 install() makes `import flash_attn` and its submodules (flash_attn_interface, bert_padding,
 layers.rotary) resolve to this package, for code that imports FlashAttention-2 by name. Where
 flashgen's own semantics differ on purpose, these functions give FA2's (flash_attn_interface's
-docstring lists them).
+docstring lists them); install() also keeps every backward's dK and dV in the process the same
+bits from run to run without deterministic=True, as FA2's are (schedule.keep_dkdv_reproducible).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from flashgen.compat.flash_attn_interface import (
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
+from flashgen import schedule
 from flashgen.compat.layers import rotary
 
 # The FlashAttention-2 release whose API this package serves (code that picks features by
@@ -49,3 +51,4 @@ def install() -> None:
                            f"{getattr(current, '__file__', current)!r}; call install() before "
                            f"anything imports it")
     sys.modules.update(_MODULES)
+    schedule.keep_dkdv_reproducible()  # FA2's contract, for the code that imports it by name
