@@ -23,10 +23,13 @@ test_flash_attn_output, test_flash_attn_varlen_output); flashgen returns no S_dm
 The kernels a conformance run calls, built ahead of it (on sm_90; the rest compile on first use):
     flashgen generate --arch sm_90 --head-dim 64 --head-dim 128 --mask none --mask causal \
         --mask window --score-mod none --score-mod softcap --score-mod alibi \
-        --score-mod softcap_alibi --preferred        (304 kernels; at the default build's 2.6 s a
-        kernel on the H200 host, about 13 min)
-and for the run over the other head dims the same with --dtype bf16 and --head-dim 32, 96, 192
-and 256 (212 kernels). A sample of 377 cases took 28 s on the H200.
+        --score-mod softcap_alibi --preferred --dropout without                 (200 kernels)
+    flashgen generate --arch sm_90 --head-dim 64 --head-dim 128 --mask none --mask causal \
+        --score-mod none --dtype fp16 --dropout with --preferred                (9: the dropout
+        cases of test_flash_attn_race_condition)
+and for the run over the other head dims the first with --dtype bf16 and --head-dim 32, 96, 192
+and 256 (112 kernels). Two runs of 4,329 cases each took 390 s side by side on the H200 (-n 6
+each, pytest-xdist), the other head dims' 3,488 61 s (bench/results/fa2-conformance/).
 
 Calls run with FLASHGEN_DEBUG_CHECKS=1, which reads back and checks the device values FA2
 checks (a sync per call). Without a CUDA GPU the module still imports (its module-level capability queries read sm_90 while
