@@ -34,15 +34,16 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # softcap_alibi, bias), decode all but bias; then the config's variants at head dims 64 and 128: 7 masks
     # (block_sparse, document, head_window, prefix_lm, and relative_bias under each of the 3) x 2
     # dtypes.
-    # 6 head dims + 3 alt tiles, x 2 dtypes; the built-in ones twice (with dropout), and document's
-    # (its table sets dropout = true: head dims 64 and 128, main and alt tile, 2 dtypes)
-    assert manifest.count('"name": "fwd_mma_sm90_') == (6 + 3) * 2 * 3 * 5 * 2 + 7 * 2 * 2 * 2 + 8
+    # 6 head dims (no alt tiles on sm_90, where the hopper family runs the short sequences), x 2
+    # dtypes; the built-in ones twice (with dropout), and document's (its table sets dropout =
+    # true: head dims 64 and 128, 2 dtypes)
+    assert manifest.count('"name": "fwd_mma_sm90_') == 6 * 2 * 3 * 5 * 2 + 7 * 2 * 2 + 4
     assert manifest.count('"name": "bwd_mma_sm90_') == 6 * 2 * 3 * 5 * 2 + 7 * 2 * 2 + 4
-    # mma (2 kinds x 2 archs x 6 head dims + 5 alt tiles), the hopper forward (5 head dims x 3
-    # masks + 2 causal alt tiles) and backward (5 head dims x 3 masks) x 2 dtypes x 5 score
+    # mma (2 kinds x 2 archs x 6 head dims + sm_80's 2 alt tiles), the hopper forward (5 head dims
+    # x 3 masks + 2 causal alt tiles) and backward (5 head dims x 3 masks) x 2 dtypes x 5 score
     # modifiers; document's on both families and archs
-    assert manifest.count('_dropout_') == ((2 * 2 * 6 + 5) * 2 * 3 * 5 + (5 * 3 + 2) * 2 * 5
-                                           + 5 * 3 * 2 * 5 + 32)
+    assert manifest.count('_dropout_') == ((2 * 2 * 6 + 2) * 2 * 3 * 5 + (5 * 3 + 2) * 2 * 5
+                                           + 5 * 3 * 2 * 5 + 28)
     # head dims 64 and 128 x (main + prefill alt tile) and head dim 256's main tile, x 2 dtypes x 3
     # masks x 4 score modifiers; document's, head_window's and relative_bias's (kvcache = true: 2 +
     # 3 masks) of head dims 64's and 128's tiles
@@ -55,7 +56,7 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     # softcap, alone and with alibi: mma forward, backward, hopper forward, backward (each twice:
     # with dropout), decode
     assert len(re.findall(r'"name": "\w+_sm90_\w+_softcap_', manifest)) == (
-        (54 + 36 + 34 + 30) * 2 + 30) * 2
+        (36 + 36 + 34 + 30) * 2 + 30) * 2
 
 
 def test_generate_without_arch_asks_for_one(tmp_path, capsys):
@@ -88,7 +89,7 @@ def test_an_arch_without_tables_says_what_to_add(capsys):
 def test_dry_run_says_how_many_kernels_the_filters_select(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path), "--arch", "sm_90", "--mask",
                  "none", "--mask", "causal", "--score-mod", "none", "--dropout", "without"]) == 0
-    assert "the filters select 124" in capsys.readouterr().out
+    assert "the filters select 112" in capsys.readouterr().out
 
 
 def test_list_into_a_pipe_closed_early_exits_quietly():
@@ -128,17 +129,15 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128"]) == 0
     out = capsys.readouterr().out
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in out and "not built" in out
-    assert "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2" in out  # the alt tile
     assert "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2" in out
     assert "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "kvcache_mma_sm90_bf16_hd128_causal_m64n64w4s3" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1" in out
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
-    # per dtype and mask (6) 5 forward and backward kernels x 5 score modifiers, twice (with
-    # dropout), and 2 decode kernels x 4 (all but bias): 348; the variants' 100 (6 masks x 5
-    # kernels x 2 dtypes; document's 5 with dropout x 2; the decode kernels (2 tiles) of
-    # document, head_window and relative_bias (5 masks) x 2 dtypes)
-    assert "448 kernel(s)" in out
+    # per dtype and mask (6) 4 forward and backward kernels (each family's; no mma alt tile on
+    # sm_90) x 5 score modifiers, twice (with dropout), and 2 decode kernels x 4 (all but bias):
+    # 288; the variants' 84
+    assert "372 kernel(s)" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 
@@ -150,7 +149,7 @@ def test_list_filters_by_kind_mask_and_family(tmp_path, monkeypatch, capsys):
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--mask", "none",
                  "--family", "mma"]) == 0
     out = capsys.readouterr().out
-    assert "_causal_" not in out and "86 kernel(s)" in out
+    assert "_causal_" not in out and "64 kernel(s)" in out
     assert main(["list", "--arch", "sm_90", "--head-dim", "128", "--kind", "bwd",
                  "--score-mod", "softcap", "--dropout", "without"]) == 0
     out = capsys.readouterr().out

@@ -53,12 +53,12 @@ def test_head_dim_above_the_largest_lists_the_configured_ones():
 
 # The example is a configured tile that builds at the new head dim (the mma forward's 64 x 64),
 # else the most general family's.
-@pytest.mark.parametrize("kind, table", [("fwd", r"\[mma.sm_90.head_dim.192\]\nblock_m = 64"),
-                                         ("bwd", r"\[mma.sm_90.head_dim.192.backward\]\n")])
+@pytest.mark.parametrize("kind, table", [("fwd", r"\[mma.sm_80.head_dim.192\]\nblock_m = 64"),
+                                         ("bwd", r"\[mma.sm_80.head_dim.192.backward\]\n")])
 def test_head_dim_beyond_a_smaller_config_shows_the_table_to_add(kind, table):
     specs = tuple(s for s in SPECS if s.head_dim <= 128)
     with pytest.raises(DispatchError, match=table):
-        candidates(specs, "sm_90", kind, "bf16", 192, "none", "my.toml")
+        candidates(specs, "sm_80", kind, "bf16", 192, "none", "my.toml")
 
 
 def test_unknown_arch_says_how_to_add_it():
@@ -76,15 +76,15 @@ MMA_SPECS = tuple(s for s in SPECS if s.family == "mma")
 
 
 def _with_family(name: str, priority: int, head_dims=(64, 128)):
-    """The mma family's specs plus a copy of its sm_90 forward specs of head_dims under another
-    family."""
+    """The mma family's specs plus a copy of its sm_80 forward specs (a main and an alt tile at
+    head dims 64 and 128) of head_dims under another family."""
     from dataclasses import replace
 
-    families.register(Family(name=name, archs=("sm_90",), priority=priority,
+    families.register(Family(name=name, archs=("sm_80",), priority=priority,
                              kinds=families.FAMILIES["mma"].kinds,
                              template_dir=families.FAMILIES["mma"].template_dir))
     extra = tuple(replace(s, family=name) for s in MMA_SPECS
-                  if s.arch == "sm_90" and s.kind == "fwd" and s.head_dim in head_dims)
+                  if s.arch == "sm_80" and s.kind == "fwd" and s.head_dim in head_dims)
     return MMA_SPECS + extra
 
 
@@ -97,7 +97,7 @@ def second_family():
 @pytest.mark.parametrize("priority, first", [(10, "second"), (1000, "mma")])
 def test_candidates_come_by_family_priority_then_tile(second_family, priority, first):
     specs = second_family("second", priority)
-    choices = candidates(specs, "sm_90", "fwd", "bf16", 128, "causal")
+    choices = candidates(specs, "sm_80", "fwd", "bf16", 128, "causal")
     order = [c.spec.family for c in choices]
     assert order[0] == first and order == sorted(order, key=lambda f: f != first)
     assert len(choices) == 4  # each family's main tile and its alt tile
@@ -107,16 +107,16 @@ def test_a_family_runs_padded_where_it_lacks_the_head_dim(second_family):
     """Padding is work: a family with the call's own head dim goes first, whatever the
     priorities; one that pads comes after it."""
     specs = second_family("second", 10, head_dims=(128,))
-    choices = candidates(specs, "sm_90", "fwd", "bf16", 64, "none")
+    choices = candidates(specs, "sm_80", "fwd", "bf16", 64, "none")
     assert [(c.spec.family, c.spec.head_dim, c.pad_head_dim) for c in choices] == [
         ("mma", 64, False), ("mma", 64, False), ("second", 128, True), ("second", 128, True)]
-    choices = candidates(specs, "sm_90", "fwd", "bf16", 100, "none")
+    choices = candidates(specs, "sm_80", "fwd", "bf16", 100, "none")
     assert [c.spec.family for c in choices] == ["second", "second", "mma", "mma"]
 
 
 def test_forcing_a_family_keeps_only_its_kernels(second_family):
     specs = second_family("second", 10)
-    choices = candidates(specs, "sm_90", "fwd", "bf16", 64, "none", family="mma")
+    choices = candidates(specs, "sm_80", "fwd", "bf16", 64, "none", family="mma")
     assert {c.spec.family for c in choices} == {"mma"}
-    with pytest.raises(DispatchError, match="no second forward kernels for this GPU's arch sm_80"):
-        candidates(specs, "sm_80", "fwd", "bf16", 64, "none", family="second")
+    with pytest.raises(DispatchError, match="no second forward kernels for this GPU's arch sm_90"):
+        candidates(specs, "sm_90", "fwd", "bf16", 64, "none", family="second")

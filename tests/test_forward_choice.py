@@ -12,8 +12,10 @@ from codegen.families.mma import FwdTile
 torch = pytest.importorskip("torch")
 
 H100 = SimpleNamespace(major=9, minor=0, multi_processor_count=132, L2_cache_size=50 * 2**20)
+A100 = SimpleNamespace(major=8, minor=0, multi_processor_count=108, L2_cache_size=40 * 2**20)
 DEVICE = torch.device("cuda", 0)
-MAIN, SMALL = FwdTile(128, 32, 4, 3), FwdTile(64, 64, 4, 2)  # sm_90 head dim 128
+MAIN = FwdTile(128, 32, 4, 3)  # sm_90 head dim 128 (no alt tile: the hopper family runs there)
+A100_MAIN, A100_SMALL = FwdTile(128, 64, 4, 2), FwdTile(64, 64, 4, 2)  # sm_80 head dim 128
 
 
 @pytest.fixture
@@ -34,14 +36,26 @@ def forward(monkeypatch):
         cache.cache_clear()
 
 
+@pytest.fixture
+def a100(forward, monkeypatch):
+    """The same on a faked A100, whose mma forward has alt tiles."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: A100)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (8, 0))
+    forward.clear_plans()
+    return forward
+
+
 def test_a_full_gpu_runs_the_main_tile(forward):
     spec = forward.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=16 * 16, seqlen_q=4096)
     assert spec.name == "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3"
 
 
-def test_few_short_sequences_run_the_alt_tile(forward):
-    spec = forward.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=16, seqlen_q=512)
-    assert spec.name == "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2"
+def test_few_short_sequences_run_the_alt_tile(a100):
+    # 8 x 4 blocks of 128 rows leave 76 of 108 SMs idle
+    spec = a100.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=8, seqlen_q=512)
+    assert spec.name == "fwd_mma_sm80_bf16_hd128_causal_m64n64w4s2"
+    spec = a100.kernel_for(DEVICE, "bf16", 128, "causal", batch_heads=16 * 16, seqlen_q=4096)
+    assert spec.tile == A100_MAIN
 
 
 def test_causal_calls_run_their_longest_query_blocks_first(forward):
@@ -57,22 +71,22 @@ def test_a_head_dim_without_alt_tiles_runs_its_main_tile(forward):
     assert forward.kernel_for(DEVICE, "fp16", 96, "none", 1, 512).tile == FwdTile(128, 64, 4, 2)
 
 
-def test_a_padded_head_dim_chooses_among_the_larger_head_dims_tiles(forward):
-    assert forward._plan(0, "bf16", 120, "none", 16, 512)[1] == 128
-    assert forward.kernel_for(DEVICE, "bf16", 120, "none", 16, 512).tile == SMALL
+def test_a_padded_head_dim_chooses_among_the_larger_head_dims_tiles(a100):
+    assert a100._plan(0, "bf16", 120, "none", 8, 512)[1] == 128
+    assert a100.kernel_for(DEVICE, "bf16", 120, "none", 8, 512).tile == A100_SMALL
 
 
-def test_pinned_tiles_override_the_shape(forward):
+def test_pinned_tiles_override_the_shape(a100):
     from flashgen.families import mma
 
     with mma.pinned_forward_tile(0):
-        forward.clear_plans()
-        assert forward.kernel_for(DEVICE, "bf16", 128, "none", 16, 512).tile == MAIN
+        a100.clear_plans()
+        assert a100.kernel_for(DEVICE, "bf16", 128, "none", 8, 512).tile == A100_MAIN
     with mma.pinned_forward_tile(1):
-        forward.clear_plans()
-        assert forward.kernel_for(DEVICE, "bf16", 128, "none", 256, 4096).tile == SMALL
-    forward.clear_plans()
-    assert forward.kernel_for(DEVICE, "bf16", 128, "none", 16, 512).tile == SMALL  # restored
+        a100.clear_plans()
+        assert a100.kernel_for(DEVICE, "bf16", 128, "none", 256, 4096).tile == A100_SMALL
+    a100.clear_plans()
+    assert a100.kernel_for(DEVICE, "bf16", 128, "none", 8, 512).tile == A100_SMALL  # restored
 
 
 def test_pinning_an_alt_tile_the_head_dim_lacks_is_not_implemented(forward):

@@ -20,30 +20,30 @@ def specs():
 
 def test_spec_count_is_the_product_of_the_axes(specs):
     # Forward and backward kernels x 3 masks x 5 score modifiers (none, softcap, alibi,
-    # softcap_alibi, bias): mma (2 kinds x 2 archs x 6 head dims + 5 forward alt tiles) x 2
-    # dtypes, hopper (5 forward head
+    # softcap_alibi, bias): mma (2 kinds x 2 archs x 6 head dims + sm_80's 2 forward alt tiles;
+    # sm_90 has none: the hopper family runs its short sequences) x 2 dtypes, hopper (5 forward head
     # dims + 5 backward ones) x 2 dtypes and 2 causal alt tiles x 2 dtypes on sm_90; then the mma
     # decode kernels, which take softcap and ALiBi (and both) of them: (2 archs x 3 head dims
     # + 2 sm_90 alt tiles) x 2 dtypes x 3 masks x 4. The config's dropout doubles the mma family's
     # forward and backward kernels and the hopper family's.
-    built_in = (((2 * 2 * 6 + 5) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 5 * 3 * 2 * 2) * 5
+    built_in = (((2 * 2 * 6 + 2) * 2 * 3 * 2 + (5 * 3 + 2) * 2 * 2 + 5 * 3 * 2 * 2) * 5
                 + (2 * 3 + 2) * 2 * 3 * 4)
     # The config's variants at head dims 64 and 128, forward and backward, each of their masks
     # (block_sparse, document, head_window, prefix_lm; relative_bias under none, causal and window)
-    # 2 dtypes x mma (2 archs x
-    # (2 forward tiles + 1 backward) x 2 head dims) and hopper (2 kinds x 2 head dims), and the
+    # 2 dtypes x mma ((sm_80's 2 forward tiles + 1 backward, sm_90's 1 + 1) x 2 head dims) and
+    # hopper (2 kinds x 2 head dims), and the
     # hopper causal alt tile of head dim 64 x 2 dtypes for relative_bias. Document's table sets
     # dropout = true: its kernels again with dropout.
-    variants = (4 + 3) * 2 * (2 * 3 * 2 + 2 * 2) + 2
-    document = 2 * (2 * 3 * 2 + 2 * 2)
+    variants = (4 + 3) * 2 * ((3 + 2) * 2 + 2 * 2) + 2
+    document = 2 * ((3 + 2) * 2 + 2 * 2)
     # document's, head_window's and relative_bias's tables set kvcache = true: the KV-cache tiles
     # (sm_80 1, sm_90 2 per head dim) x 2 head dims x 2 dtypes, for 2 + 3 masks
     decode = (1 + 2) * 2 * 2 * 5
     assert len(specs) == built_in + variants + document + decode
     assert len({s.name for s in specs}) == len(specs)
-    sm_90_variants = (4 + 3) * 2 * (3 * 2 + 2 * 2) + 2 + 2 * (3 * 2 + 2 * 2) + 2 * 2 * 2 * 5
+    sm_90_variants = (4 + 3) * 2 * (2 * 2 + 2 * 2) + 2 + 2 * (2 * 2 + 2 * 2) + 2 * 2 * 2 * 5
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        ((2 * 6 + 3) * 2 * 3 * 2 + (34 + 30) * 2) * 5 + 30 * 4 + sm_90_variants)
+        (2 * 6 * 2 * 3 * 2 + (34 + 30) * 2) * 5 + 30 * 4 + sm_90_variants)
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
                                                                  ("hopper", "fwd"),
                                                                  ("hopper", "bwd")}
@@ -63,7 +63,6 @@ def test_name_encodes_every_compile_time_parameter(specs):
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
-                                              "fwd_mma_sm90_bf16_hd128_causal_m64n64w4s2",
                                               "kvcache_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "kvcache_mma_sm90_bf16_hd128_causal_m64n64w4s3"]
     # a score modifier follows the mask, then dropout
@@ -74,11 +73,11 @@ def test_name_encodes_every_compile_time_parameter(specs):
 
 def test_filters():
     config = load_config(paths.DEFAULT_CONFIG)
-    chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
+    chosen = enumerate_specs(config, archs=["sm_80"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["fwd"], family_names=["mma"],
                              score_mods=["none"], dropout=False)
-    assert sorted(s.name for s in chosen) == ["fwd_mma_sm90_fp16_hd64_none_m128n64w4s2",
-                                              "fwd_mma_sm90_fp16_hd64_none_m64n64w4s2"]
+    assert sorted(s.name for s in chosen) == ["fwd_mma_sm80_fp16_hd64_none_m128n64w4s3",
+                                              "fwd_mma_sm80_fp16_hd64_none_m64n64w4s2"]
     chosen = enumerate_specs(config, archs=["sm_90"], head_dims=[64], dtypes=["fp16"],
                              masks=["none"], kinds=["bwd"], score_mods=["none"], dropout=True)
     assert [s.name for s in chosen] == ["bwd_hopper_sm90_fp16_hd64_none_dropout_m128n128s2d1",

@@ -156,12 +156,12 @@ def test_parse_tile_inverts_suffix(tile):
 
 def test_set_tile_rewrites_one_table_and_keeps_the_rest(tmp_path):
     text = paths.DEFAULT_CONFIG.read_text()
-    new = tune.set_tile(text, "mma", "fwd", "sm_90", 128, FwdTile(64, 128, 4, 3))
+    new = tune.set_tile(text, "mma", "fwd", "sm_80", 128, FwdTile(64, 128, 4, 2))
     path = tmp_path / "tuned.toml"
     path.write_text(new)
     tuned, old = load_config(path), load_config(paths.DEFAULT_CONFIG)
-    key = ("mma", "fwd", "sm_90", 128)
-    assert main_tile(tuned, "sm_90", 128) == FwdTile(64, 128, 4, 3)
+    key = ("mma", "fwd", "sm_80", 128)
+    assert main_tile(tuned, "sm_80", 128) == FwdTile(64, 128, 4, 2)
     assert without(tuned, key) == without(old, key)
     assert new.count("# ") == text.count("# ")  # comments survive
     # the alt tiles stay as written
@@ -172,9 +172,9 @@ def test_set_tile_rewrites_one_table_and_keeps_the_rest(tmp_path):
 def test_a_winner_equal_to_an_alt_tile_is_refused_naming_it(tmp_path):
     """The tuner tunes the main tile only; `flashgen tune --write` checks the config loads."""
     path = tmp_path / "tuned.toml"
-    path.write_text(tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "mma", "fwd", "sm_90", 128,
+    path.write_text(tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "mma", "fwd", "sm_80", 128,
                                   FwdTile(64, 64, 4, 2)))
-    with pytest.raises(ConfigError, match=r"mma.sm_90.head_dim.128.alt_tiles\[0\]: m64n64w4s2 "
+    with pytest.raises(ConfigError, match=r"mma.sm_80.head_dim.128.alt_tiles\[0\]: m64n64w4s2 "
                                           "repeats the main tile"):
         load_config(path)
 
