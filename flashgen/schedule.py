@@ -96,14 +96,14 @@ def sorted_tail_blocks(uneven: bool, key_blocks: int, batch_heads: int,
 
 
 # FlashAttention-2's contract: without deterministic=True only dQ's adds race, dK and dV come out
-# the same bits every run. A split tail sums them in an order that varies, so a process that takes
-# FA2's API (flashgen.compat) turns it off: keep_dkdv_reproducible().
+# the same bits every run. A split tail sums them in an order that varies, so a process that
+# installs FA2's API (flashgen.compat.install()) turns it off: keep_dkdv_reproducible().
 _dkdv_reproducible = False
 
 
 def keep_dkdv_reproducible() -> None:
     """From now on no backward in this process splits its tail: dK and dV reproducible bit for
-    bit without deterministic=True, as FlashAttention-2 gives them (importing flashgen.compat
+    bit without deterministic=True, as FlashAttention-2 gives them (flashgen.compat.install()
     calls this)."""
     global _dkdv_reproducible
     _dkdv_reproducible = True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 
+from flashgen import schedule
 from flashgen.compat import bert_padding, flash_attn_interface, layers
 from flashgen.compat.flash_attn_interface import (
     flash_attn_func,
@@ -25,7 +26,6 @@ from flashgen.compat.flash_attn_interface import (
     flash_attn_varlen_qkvpacked_func,
     flash_attn_with_kvcache,
 )
-from flashgen import schedule
 from flashgen.compat.layers import rotary
 
 # The FlashAttention-2 release whose API this package serves (code that picks features by
