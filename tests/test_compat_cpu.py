@@ -15,9 +15,6 @@ from flashgen.compat.layers.rotary import apply_rotary_emb
 
 
 def test_install_makes_flash_attn_and_its_submodules_import_flashgen(monkeypatch):
-    from flashgen import schedule
-
-    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)  # install() sets it
     for name in list(sys.modules):
         if name == "flash_attn" or name.startswith("flash_attn."):
             monkeypatch.delitem(sys.modules, name)

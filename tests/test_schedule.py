@@ -12,13 +12,6 @@ import pytest
 from codegen.masks import MASKS
 from flashgen import schedule
 
-
-@pytest.fixture(autouse=True)
-def _flashgen_own_contract(monkeypatch):
-    """The split tail as flashgen's own API runs it (a test that installs flashgen.compat turns
-    it off for the process)."""
-    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
-
 DECODER = """
 #include "flashgen/common/block_order.cuh"
 extern "C" void decode(int block, int ranks, int batch_heads, int ranks_per_round, int* out) {
@@ -103,7 +96,6 @@ def test_backward_grids_split_only_where_it_shortens_an_unsorted_tail(causal, de
 def test_under_fa2s_contract_no_tail_splits(monkeypatch):
     """flashgen.compat keeps dK and dV reproducible without deterministic=True (FA2's tests
     compare them bit for bit across runs): no pieces summing in a varying order."""
-    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
     assert schedule.split_tail(False, False, 4096, 128, 132) != (0, 1)
     schedule.keep_dkdv_reproducible()
     assert schedule.split_tail(False, False, 4096, 128, 132) == (0, 1)
@@ -112,7 +104,6 @@ def test_under_fa2s_contract_no_tail_splits(monkeypatch):
 def test_installing_the_fa2_package_keeps_dkdv_reproducible(monkeypatch):
     from flashgen import compat
 
-    monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
     for name in [n for n in sys.modules if n == "flash_attn" or n.startswith("flash_attn.")]:
         monkeypatch.delitem(sys.modules, name)
     compat.install()

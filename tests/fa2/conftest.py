@@ -166,6 +166,15 @@ def pytest_pycollect_makeitem(collector, name, obj):
 
 
 @pytest.fixture(autouse=True)
+def _fa2_contract(monkeypatch):
+    """FA2's: dK and dV the same bits every run (what compat.install() sets for its process; the
+    top-level conftest resets it for every test)."""
+    from flashgen import schedule
+
+    monkeypatch.setattr(schedule, "_dkdv_reproducible", True)
+
+
+@pytest.fixture(autouse=True)
 def _device_values_checked(monkeypatch):
     """FA2 reads device values back to check them (cache_seqlens against its block table's
     capacity, for one); flashgen does under FLASHGEN_DEBUG_CHECKS=1 (a sync per call)."""
