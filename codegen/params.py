@@ -223,6 +223,10 @@ DECODE_FIELDS = (
           "sequences of min_seqlen_q to seqlen_q queries and leaves the others' rows alone (a "
           "batch mixing prefill and decode runs as two launches, each on its own tile and "
           "split); 0: every sequence", default=0),
+    Field("q_view_rows", "int", "a variable-length batch: q's rows as packed (the total, and any "
+          "spare rows after it), which size the grids over its packed query blocks and rows in "
+          "place of a dense batch of the longest (packed_blocks.cuh's DecodeBlocks); 0 "
+          "otherwise", default=0),
 ) + KV_CACHE_FIELDS + (
     _tensor("k_new", "const void*", "(batch, seqlen_new, heads_kv, head_dim): keys to append at "
             "cache_seqlens (rotated when rotary_dim > 0) before attending; nullptr: none",

@@ -168,11 +168,13 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         launches = [(launcher, 0, seqlen_q, num_splits)]
     elif decode_tokens:
         short, short_slots = _plan(device_index, dtype, head_dim, mask, False, mods.score_mod)
-        # The longest sequence is a prefill one: the others hold total - seqlen_q tokens.
+        # The longest sequence is a prefill one: the others hold total - seqlen_q tokens. The
+        # prefill launch splits for the longest alone, the one sure to be there (a bound on how
+        # many more there may be would split the usual single chunk too little to fill the GPU;
+        # further prefill sequences bring blocks of their own).
         launches = [
             (launcher, decode_tokens + 1, seqlen_q,
-             _splits(launcher.spec, total, min(batch, total // (decode_tokens + 1)), seqlen_q,
-                     group, heads_kv, keys, slots)),
+             _splits(launcher.spec, seqlen_q, 1, seqlen_q, group, heads_kv, keys, slots)),
             (short, 0, decode_tokens,
              _splits(short.spec, total - seqlen_q, batch - 1, decode_tokens, group, heads_kv,
                      keys, short_slots))]
@@ -196,6 +198,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
             **mods.fields(scale), **band.fields(), num_splits=splits,
             min_seqlen_q=min_seqlen_q,
             cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
+            q_view_rows=q.shape[1] if packed else 0,
             o_accum=0 if o_accum is None else o_accum.data_ptr(),
             lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
             cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),

@@ -419,14 +419,16 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
         "block_table": table.data_ptr() if paged else None,
         "block_table_batch_stride": 8 if paged else 0, "page_size": page if paged else 0,
         "seqlen_new": new_tokens, "rotary_cos": cos.data_ptr(), "rotary_sin": sin.data_ptr(),
-        "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0, "min_seqlen_q": 0}
+        "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0, "min_seqlen_q": 0,
+        "q_view_rows": 0}
 
 
 def test_a_mixed_varlen_batch_launches_its_prefill_and_decode_sequences_apart(binding,
                                                                                monkeypatch):
     """A packed batch whose longest sequence takes the prefill tile: one launch for the sequences
     of more than decode_tokens queries, one on the decode tile for the rest, each with its own
-    split, sharing the output, lse and the split workspaces."""
+    split, sharing the output, lse and the split workspaces; both launch over the packed rows
+    (q_view_rows), and the prefill launch splits as its longest sequence alone would."""
     lengths = [300, 1, 4, 0, 37]
     total, heads, heads_kv, page = sum(lengths), 8, 2, 16
     q = torch.empty(1, total, heads, 64, dtype=torch.float16)
@@ -448,3 +450,11 @@ def test_a_mixed_varlen_batch_launches_its_prefill_and_decode_sequences_apart(bi
     assert (short.min_seqlen_q, short.seqlen_q) == (0, decode_tokens)
     assert prefill.o == short.o and prefill.softmax_lse == short.softmax_lse
     assert short.num_splits > 1 and short.o_accum == prefill.o_accum != 0
+    assert prefill.q_view_rows == short.q_view_rows == total
+
+    prefill_tile.launches.clear()
+    decode.decode(q[:, :300], k_cache, k_cache, None, None, None, None, None, None, None,
+                  table[:1], 0.125, decode.WINDOW_UNBOUNDED, 0, 0.0, None, None, False, 0,
+                  cu_seqlens_q=cu_seqlens_q[:2], max_seqlen_q=300)
+    ((alone, _),) = prefill_tile.launches
+    assert alone.num_splits == prefill.num_splits

@@ -46,6 +46,29 @@ struct Params {
   }
 EXPORT(128)
 EXPORT(80)
+struct DecodeParams {
+  const int* cu_seqlens_q;
+  int batch, heads, heads_kv, seqlen_q, q_view_rows;
+};
+extern "C" long long decode_grid(const int* cu, int batch, int heads, int heads_kv, int seqlen_q,
+                                 int rows, int* xz) {
+  const DecodeParams p{cu, batch, heads, heads_kv, seqlen_q, rows};
+  using Blocks = flashgen::DecodeBlocks<64>;
+  xz[0] = int(Blocks::grid_x(p));
+  xz[1] = int(Blocks::grid_z(p));
+  return Blocks::packed(p);
+}
+extern "C" void decode_block(const int* cu, int batch, int heads, int heads_kv, int seqlen_q,
+                             int rows, int x, int z, int* out) {
+  const DecodeParams p{cu, batch, heads, heads_kv, seqlen_q, rows};
+  const flashgen::QueryTile t = flashgen::DecodeBlocks<64>::block(p, x, z);
+  out[0] = t.m_block;
+  out[1] = t.head;
+  out[2] = t.batch;
+}
+extern "C" int sequence_of_row(const int* cu, int batch, int row) {
+  return flashgen::sequence_of_row(cu, batch, row);
+}
 """
 
 
@@ -177,3 +200,41 @@ def test_the_hopper_backwards_row_terms_read_back_in_the_lses_layout(decoder, le
     got = hopper.softmax_d(spec, scratch, torch.empty(1, total, heads, head_dim),
                            (cu, cu, max(lengths), max(lengths)))
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("lengths", [[512] + [1] * 31, [1, 0, 300, 4, 0, 37, 1], [5] * 8])
+def test_the_decode_grid_runs_each_sequences_packed_blocks_once(decoder, lengths):
+    """The decode kernel's blocks of 64 packed rows (token x 4 query heads per KV head): every
+    query block of every sequence and KV head is one block of the grid, the others lie past
+    their sequence's rows; beside a long sequence the grid is the packed one, far smaller than
+    a dense batch of the longest, and equal lengths keep the dense grid."""
+    heads, heads_kv, block_m = 8, 2, 64
+    group = heads // heads_kv
+    cu = (ctypes.c_int * (len(lengths) + 1))(0, *itertools.accumulate(lengths))
+    args = (cu, len(lengths), heads, heads_kv, max(lengths), sum(lengths))
+    xz = (ctypes.c_int * 2)()
+    packed = decoder.decode_grid(*args, xz)
+    blocks = [-(-n * group // block_m) for n in lengths]
+    dense = len(lengths) * max(blocks) * heads_kv
+    assert bool(packed) == (len(set(lengths)) > 1)
+    assert xz[0] * xz[1] <= dense
+    if len(lengths) == 32:
+        assert xz[0] * xz[1] < dense / 10
+    seen = []
+    out = (ctypes.c_int * 3)()
+    for x in range(xz[0]):
+        for z in range(xz[1]):
+            decoder.decode_block(*args, x, z, out)
+            m_block, head_kv, sequence = out
+            assert 0 <= sequence < len(lengths) and 0 <= head_kv < heads_kv
+            if m_block < blocks[sequence]:
+                seen.append((sequence, head_kv, m_block))
+    assert sorted(seen) == [(s, h, m) for s in range(len(lengths)) for h in range(heads_kv)
+                            for m in range(blocks[s])]
+
+
+def test_a_packed_row_belongs_to_the_sequence_that_holds_it(decoder):
+    lengths = [3, 0, 0, 2, 0, 1]
+    cu = (ctypes.c_int * 7)(0, *itertools.accumulate(lengths))
+    owners = [b for b, n in enumerate(lengths) for _ in range(n)]
+    assert [decoder.sequence_of_row(cu, 6, row) for row in range(6)] == owners

@@ -1,11 +1,34 @@
 // A variable-length batch's query blocks, packed per head (FlashAttention-3's varlen layout),
-// and a forward's tiles over them: where each sequence's blocks are, and which sequence a block
-// falls to. Host too, so that a CPU test can check them (tests/test_packed_blocks.py).
+// and a forward's (or the decode kernel's) tiles over them: where each sequence's blocks are, and
+// which sequence a block falls to. Host too, so that a CPU test can check them (tests/test_packed_blocks.py).
 #pragma once
 
 #include <cstdint>
 
 namespace flashgen {
+
+// The last sequence b of a batch's whose start is at or before a place (starts_at_most(b); the
+// starts increase with b), by a binary search: where an empty sequence shares its start with the
+// next, the next.
+template <class StartsAtMost>
+__host__ __device__ __forceinline__ int last_sequence(int batch, StartsAtMost starts_at_most) {
+  int low = 0, high = batch - 1;
+  while (low < high) {
+    const int mid = (low + high + 1) / 2;
+    if (starts_at_most(mid)) {
+      low = mid;
+    } else {
+      high = mid - 1;
+    }
+  }
+  return low;
+}
+
+// The sequence that packed row `row` (below cu_seqlens_q[batch]) belongs to.
+__host__ __device__ __forceinline__ int sequence_of_row(const int* cu_seqlens_q, int batch,
+                                                        int row) {
+  return last_sequence(batch, [=](int b) { return cu_seqlens_q[b] <= row; });
+}
 
 // A forward's tile: one query block of one (sequence, head).
 struct QueryTile {
@@ -29,19 +52,13 @@ struct PackedQueryBlocks {
     return int((first_row + int64_t(b) * kBlockM) / kBlockM);
   }
   // The sequence whose blocks (or gap) hold block `block`: the last whose first block is at most
-  // it (the first blocks increase with the sequence), by a binary search of cu_seqlens_q.
+  // it (the first blocks increase with the sequence), by a binary search of cu_seqlens_q. A
+  // token may be several packed rows (the decode kernel's, one per query head of a KV head).
   __host__ __device__ __forceinline__ static int sequence(const int* cu_seqlens_q, int batch,
-                                                          int block) {
-    int low = 0, high = batch - 1;
-    while (low < high) {
-      const int mid = (low + high + 1) / 2;
-      if (first(cu_seqlens_q[mid], mid) <= block) {
-        low = mid;
-      } else {
-        high = mid - 1;
-      }
-    }
-    return low;
+                                                          int block, int rows_per_token = 1) {
+    return last_sequence(batch, [=](int b) {
+      return first(int64_t(cu_seqlens_q[b]) * rows_per_token, b) <= block;
+    });
   }
 
   // A forward's tiles over a variable-length batch (cu_seqlens_q set) are those of a dense batch
@@ -81,6 +98,49 @@ struct PackedQueryBlocks {
     const int m = own % blocks;
     const int m_blocks = (p.cu_seqlens_q[batch + 1] - first_row + kBlockM - 1) / kBlockM;
     return {longest_first && m < m_blocks ? m_blocks - 1 - m : m, own / blocks, batch};
+  }
+};
+
+// The decode kernel's blocks of kBlockM packed rows (token x group + query head within the
+// group, group = heads / heads_kv) per KV head: grid x the query blocks, y the splits, z the KV
+// heads (of each sequence, for a dense batch). A dense batch has ceil(seqlen_q x group / kBlockM)
+// blocks per sequence; a variable-length one takes PackedQueryBlocks' layout of its packed rows
+// (q_view_rows of them) where that has fewer, so that the short sequences of a mixed batch (and,
+// in its other launch, the long one) launch no blocks for the rows the longest would pad them to.
+template <int kBlockM>
+struct DecodeBlocks {
+  using Packed = PackedQueryBlocks<kBlockM>;
+
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t dense_per_head(Params const& p) {
+    return int64_t(p.batch) *
+           ((int64_t(p.seqlen_q) * (p.heads / p.heads_kv) + kBlockM - 1) / kBlockM);
+  }
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t packed_per_head(Params const& p) {
+    return Packed::per_head(int64_t(p.q_view_rows) * (p.heads / p.heads_kv), p.batch);
+  }
+  template <class Params>
+  __host__ __device__ __forceinline__ static bool packed(Params const& p) {
+    return p.cu_seqlens_q != nullptr && packed_per_head(p) < dense_per_head(p);
+  }
+  // The grid's x and z; y is the split count.
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t grid_x(Params const& p) {
+    return packed(p) ? packed_per_head(p) : dense_per_head(p) / p.batch;
+  }
+  template <class Params>
+  __host__ __device__ __forceinline__ static int64_t grid_z(Params const& p) {
+    return packed(p) ? p.heads_kv : int64_t(p.batch) * p.heads_kv;
+  }
+  // Block (x, z)'s query block, KV head (as `head`) and sequence; a gap's m_block is past its
+  // sequence's rows.
+  template <class Params>
+  __host__ __device__ __forceinline__ static QueryTile block(Params const& p, int x, int z) {
+    if (!packed(p)) return {x, z % p.heads_kv, z / p.heads_kv};
+    const int group = p.heads / p.heads_kv;
+    const int batch = Packed::sequence(p.cu_seqlens_q, p.batch, x, group);
+    return {x - Packed::first(int64_t(p.cu_seqlens_q[batch]) * group, batch), z, batch};
   }
 };
 

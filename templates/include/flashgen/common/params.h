@@ -246,6 +246,10 @@ struct DecodeParams : AttentionParams {
   // queries and leaves the others' rows alone (a batch mixing prefill and decode runs as two
   // launches, each on its own tile and split); 0: every sequence
   int min_seqlen_q;
+  // a variable-length batch: q's rows as packed (the total, and any spare rows after it), which
+  // size the grids over its packed query blocks and rows in place of a dense batch of the longest
+  // (packed_blocks.cuh's DecodeBlocks); 0 otherwise
+  int q_view_rows;
   // (batch,): the keys in each sequence's cache before this call's new ones; nullptr: seqlen_k, the
   // whole cache
   const int* cache_seqlens;
@@ -317,8 +321,8 @@ struct DecodeParams : AttentionParams {
   X(attn_bias_grad) X(q_view_rows) X(kv_view_rows)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
-  X(lse_accum) X(min_seqlen_q) X(cache_seqlens) X(cache_batch_idx) X(cache_leftpad) \
-  X(block_table) X(block_table_batch_stride) X(page_size) X(seqlen_new) X(k_new) \
+  X(lse_accum) X(min_seqlen_q) X(q_view_rows) X(cache_seqlens) X(cache_batch_idx) \
+  X(cache_leftpad) X(block_table) X(block_table_batch_stride) X(page_size) X(seqlen_new) X(k_new) \
   X(k_new_batch_stride) X(k_new_row_stride) X(k_new_head_stride) X(v_new) X(v_new_batch_stride) \
   X(v_new_row_stride) X(v_new_head_stride) X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) \
   X(q_rot_head_stride) X(rotary_cos) X(rotary_sin) X(rotary_dim) X(rotary_interleaved)

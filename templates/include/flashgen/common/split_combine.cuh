@@ -4,8 +4,10 @@
 // sink).
 #pragma once
 
+#include <climits>
 #include <cmath>
 
+#include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/seqinfo.cuh"
 
@@ -17,20 +19,40 @@ __device__ __forceinline__ int split_rows(DecodeParams const& p) {
   return p.cu_seqlens_q == nullptr ? p.batch * p.seqlen_q : p.cu_seqlens_q[p.batch];
 }
 
-// One warp per output row (head, token) of the sequence blockIdx.y, 4 rows per block of 128
-// threads over heads * seqlen_q rows (a variable-length batch's longest); the sequences that the
-// split launch skipped (DecodeParams::min_seqlen_q) are skipped here too. The heads' sinks join
-// the combined denominator here, not in the splits.
+// The combine's rows, 4 to a block of 128 threads: (head, token) of each sequence (y), or of a
+// variable-length batch's packed rows (one sequence's or another's: a grid over the packed rows
+// launches none for the rows a dense batch of the longest would pad the others to). x 0: too
+// many for a grid.
+inline dim3 combine_grid(DecodeParams const& p) {
+  const int64_t rows = int64_t(p.heads) * (p.cu_seqlens_q == nullptr ? p.seqlen_q : p.q_view_rows);
+  const int64_t blocks = (rows + 3) / 4;
+  const int64_t sequences = p.cu_seqlens_q == nullptr ? p.batch : 1;
+  if (blocks > INT_MAX || sequences > 65535) return dim3(0);
+  return dim3(unsigned(blocks), unsigned(sequences));
+}
+
+// One warp per output row; the sequences that the split launch skipped
+// (DecodeParams::min_seqlen_q) are skipped here too. The heads' sinks join the combined
+// denominator here, not in the splits.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const DecodeParams p) {
   constexpr int kColsPerLane = (kHeadDim + 31) / 32;
-  const DenseSeqs seq(p, int(blockIdx.y));
-  if (seq.seqlen_q < p.min_seqlen_q || seq.seqlen_q > p.seqlen_q) return;
-  const int local = blockIdx.x * 4 + threadIdx.x / 32;  // head * seqlen_q + token
+  const int64_t local = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // head x rows + row
   const int lane = threadIdx.x % 32;
-  if (local >= p.heads * seq.seqlen_q) return;
-  const int token = local % seq.seqlen_q;
-  const int head = local / seq.seqlen_q;
+  int batch = blockIdx.y, head, token;
+  if (p.cu_seqlens_q == nullptr) {
+    if (local >= int64_t(p.heads) * p.seqlen_q) return;
+    head = int(local / p.seqlen_q);
+    token = int(local % p.seqlen_q);
+  } else {
+    head = int(local / p.q_view_rows);
+    const int row = int(local % p.q_view_rows);
+    if (head >= p.heads || row >= p.cu_seqlens_q[p.batch]) return;  // spare rows
+    batch = sequence_of_row(p.cu_seqlens_q, p.batch, row);
+    token = row - p.cu_seqlens_q[batch];
+  }
+  const DenseSeqs seq(p, batch);
+  if (seq.seqlen_q < p.min_seqlen_q || seq.seqlen_q > p.seqlen_q) return;
   const int64_t rows = int64_t(p.heads) * split_rows(p);  // a split's statistics
   const int64_t row = seq.row_stats_offset(p.heads, head) + token;
 

@@ -8,14 +8,15 @@
 // fills the GPU. Each key row's address comes from the cache layout (KvCacheRows): a contiguous
 // cache, or a paged one of any page size. The queries are a dense batch, or a variable-length one
 // packed (cu_seqlens_q, flash_attn_varlen_func over a paged cache): the grid then covers the
-// longest sequence and the blocks past a shorter one's rows return at once; a batch mixing
-// prefill and decode runs as two launches, each attending for the sequences of its query counts.
+// sequences' packed query blocks (DecodeBlocks); a batch mixing prefill and decode runs as two
+// launches, each attending for the sequences of its query counts.
 #pragma once
 
 #include <cute/tensor.hpp>
 
 #include "flashgen/common/kv_cache.cuh"
 #include "flashgen/common/mask.cuh"
+#include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
 #include "flashgen/common/seqinfo.cuh"
@@ -53,10 +54,11 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
 
   extern __shared__ char smem[];
   const int tid = threadIdx.x;
-  const int m_block = blockIdx.x;
+  const QueryTile block = DecodeBlocks<kBlockM>::block(p, int(blockIdx.x), int(blockIdx.z));
+  const int m_block = block.m_block;
+  const int batch = block.batch;
+  const int head_kv = block.head;
   const int split = blockIdx.y;
-  const int batch = blockIdx.z / p.heads_kv;
-  const int head_kv = blockIdx.z % p.heads_kv;
   const int group = p.heads / p.heads_kv;
   const DenseSeqs seq(p, batch);  // the sequence's queries (its keys are the cache's)
   // A mixed batch's other launch attends for this sequence (DecodeParams::min_seqlen_q).

@@ -36,10 +36,12 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
 
   if (p.num_splits == 0) return cudaSuccess;  // append only: the hopper forward attends
 
-  const int packed_rows = p.seqlen_q * (p.heads / p.heads_kv);
-  const dim3 grid(unsigned((packed_rows + Traits::kBlockM - 1) / Traits::kBlockM),
-                  unsigned(p.num_splits), unsigned(p.batch * p.heads_kv));
-  if (grid.y > 65535 || grid.z > 65535) return cudaErrorInvalidConfiguration;
+  if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
+  using Blocks = DecodeBlocks<Traits::kBlockM>;
+  if (cudaError_t err = check_grid(Blocks::grid_x(p)); err != cudaSuccess) return err;
+  const dim3 grid(unsigned(Blocks::grid_x(p)), unsigned(p.num_splits),
+                  unsigned(Blocks::grid_z(p)));
+  if (grid.y > 65535 || Blocks::grid_z(p) > 65535) return cudaErrorInvalidConfiguration;
   auto kernel = decode_kernel<Traits, Mask, ScoreMod>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
@@ -48,11 +50,9 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
   if (p.num_splits > 1) {
-    const int64_t rows = int64_t(p.heads) * p.seqlen_q;  // per sequence, 4 a block
-    if (cudaError_t err = check_grid((rows + 3) / 4); err != cudaSuccess) return err;
-    if (p.batch > 65535) return cudaErrorInvalidConfiguration;
-    combine_splits_kernel<Element, Traits::kHeadDim>
-        <<<dim3(unsigned((rows + 3) / 4), unsigned(p.batch)), 128, 0, stream>>>(p);
+    const dim3 grid = combine_grid(p);
+    if (grid.x == 0) return cudaErrorInvalidConfiguration;
+    combine_splits_kernel<Element, Traits::kHeadDim><<<grid, 128, 0, stream>>>(p);
     return cudaGetLastError();
   }
   return cudaSuccess;
