@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -103,16 +104,152 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
                               alibi_slopes, sinks, rotary_interleaved, num_splits, variant,
                               variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3,
                               cu_seqlens_q, max_seqlen_q, out=out)
+    arguments = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+                 cache_batch_idx, cache_leftpad, block_table, scale, window_left, window_right,
+                 softcap, alibi_slopes, sinks, rotary_interleaved, num_splits, variant,
+                 variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3, cu_seqlens_q,
+                 max_seqlen_q, out)
+    key = _signature(arguments)
+    plan = _plans.get(key)
+    if plan is None:
+        arguments = _aligned(arguments)
+        plan = _make_plan(*arguments)
+        if key is not None and plan.reusable:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return _run(plan, arguments)
+
+
+# A call's plan per shape signature: what decode decides from shapes, strides, dtypes and numbers
+# alone, so that a decode step repeated over layers and tokens only allocates and launches.
+MAX_PLANS = 1024
+_plans: dict = {}
+
+
+def clear_plans() -> None:
+    """Forget every call's plan and the kernel choices behind them (after a family's decisions
+    or the environment changed)."""
+    _plans.clear()
+    _plan.cache_clear()
+    _padded_head_dim.cache_clear()
+
+
+def _signature(arguments: tuple):
+    """The key of a call's plan: each tensor's shape, strides and dtype, the other arguments as
+    they are; None (plan the call apart) for a variant's call, whose mask and tensors are
+    planned per call, or where an address is not 16-byte aligned, which the plan may copy."""
+    if arguments[_VARIANT]:
+        return None
+    key, addresses = [arguments[0].get_device()], 0
+    for value in arguments:
+        if type(value) is torch.Tensor:
+            key.append((value.shape, value.stride(), value.dtype))
+            addresses |= value.data_ptr()
+        else:
+            key.append(value)
+    return tuple(key) if addresses % 16 == 0 else None
+
+
+class _Launch(NamedTuple):
+    entry: tuple     # (launcher address, its error-string function's address)
+    args: list       # DecodeArgs in order, with this plan's call's addresses
+    addresses: tuple  # (index in args, index in _run's sources, byte offset) per address
+
+
+class _Plan(NamedTuple):
+    launches: tuple       # _Launch per decode launch (append, attention, combine)
+    workspace: int        # fp32 elements of the split workspace (o_accum, then lse_accum)
+    rotary: bool          # q rotated into a q_rot buffer
+    attention: tuple | None  # (forward launcher, fields) where a forward attends over the cache
+    mods: Modifiers
+    band: Band
+    reusable: bool        # for any call of the same signature: _run sets every address
+
+
+# What _run fills each address field from: its sources (the call's arguments, its outputs and
+# workspaces) in this order.
+_SOURCES = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
+            "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "sinks",
+            "cu_seqlens_q", "o", "softmax_lse", "q_rot", "o_accum", "lse_accum")
+_VARIANT = 19  # decode's argument `variant`
+_ADDRESS_MEMBERS = tuple(name for ctype, name in params.members(params.DECODE_FIELDS)
+                         if ctype.endswith("*"))
+
+
+def _aligned(arguments: tuple) -> tuple:
+    """The arguments with q, k_new and v_new copied where host.aligned copies them; an error for
+    caches that are not aligned (written in place, they cannot be copied). Here, not in the
+    traced wrapper: alignment reads data pointers, which fake tensors lack."""
+    q, k_cache, v_cache, k_new, v_new = arguments[:5]
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not host.is_aligned(t):
             raise ValueError(f"flashgen: {name} must start at a 16-byte boundary with every "
                              f"stride a multiple of 8 elements (it is written in place, so it "
                              f"cannot be copied), got strides {t.stride()}")
-    # Here, not in the traced wrapper: alignment reads data pointers, which fake tensors lack.
     if k_new is None:
         (q,) = host.aligned(q)
     else:
         q, k_new, v_new = host.aligned(q, k_new, v_new)
+    return (q, k_cache, v_cache, k_new, v_new, *arguments[5:])
+
+
+class _Contiguous(NamedTuple):
+    """A stand-in, at planning, for a contiguous output _run allocates per call: its strides,
+    and an address that _run replaces."""
+    shape: tuple
+
+    def stride(self) -> tuple:
+        strides, step = [], 1
+        for size in reversed(self.shape):
+            strides.insert(0, step)
+            step *= size
+        return tuple(strides)
+
+    def data_ptr(self) -> int:
+        return 0
+
+
+def _run(plan: _Plan, arguments: tuple):
+    """Allocates the call's outputs and workspaces and launches the plan on its tensors."""
+    q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, \
+        cache_leftpad, block_table, scale, _, _, _, alibi_slopes, sinks, *_, \
+        cu_seqlens_q, _, out = arguments
+    # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
+    out, lse = empty_outputs(q, out)
+    if out.numel() == 0:
+        return out, lse
+    workspace = (torch.empty((plan.workspace,), dtype=torch.float32, device=q.device)
+                 if plan.workspace else None)
+    q_rot = torch.empty_like(q, memory_format=torch.contiguous_format) if plan.rotary else None
+    sources = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, cu_seqlens_q,
+               out, lse, q_rot, workspace, workspace)
+    device_index = q.get_device()
+    args = None
+    for launch in plan.launches:
+        args = launch.args.copy()
+        for index, source, offset in launch.addresses:
+            args[index] = sources[source].data_ptr() + offset
+        if plan.attention is None or k_new is not None or plan.rotary:
+            host.call_on_device(loader.binding().decode, device_index, (*launch.entry, *args))
+    if plan.attention is not None:
+        forward_launcher, fields = plan.attention
+        cache = dict(zip(_CACHE_FIELDS, (args[i] for i in _CACHE_INDICES)))
+        forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
+                    scale, plan.band, {**fields, **cache}, batch=args[_BATCH],
+                    seqlen_k=args[_SEQLEN_K], mods=plan.mods)
+    return out, lse
+
+
+def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+               cache_batch_idx, cache_leftpad, block_table, scale, window_left, window_right,
+               softcap, alibi_slopes, sinks, rotary_interleaved, num_splits, variant,
+               variant_tensor0, variant_tensor1, variant_tensor2, variant_tensor3, cu_seqlens_q,
+               max_seqlen_q, out) -> _Plan:
+    """decode's decisions for a call on aligned tensors (_aligned): kernels, tiles, splits and
+    every params field, the addresses as this call's (which _run replaces with each call's
+    own)."""
     batch, seqlen_q, heads, head_dim = q.shape
     packed = cu_seqlens_q is not None
     if packed:
@@ -153,10 +290,6 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
         attention = _cache_forward(device_index, dtype, head_dim, mask, batch * heads, seqlen_q,
                                    q, k_cache, v_cache, paged, mods.score_mod)
 
-    # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
-    out, lse = empty_outputs(q, out)
-    if out.numel() == 0:
-        return out, lse
     keys = min(capacity, window_left + seqlen_q)  # the most any block's tokens see
     # (launcher, min_seqlen_q, seqlen_q, num_splits) per launch.
     total = q.shape[1] if packed else batch * seqlen_q
@@ -183,24 +316,21 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
                      _splits(launcher.spec, total, batch, seqlen_q, group, heads_kv, keys,
                              slots))]
     most_splits = max(splits for *_, splits in launches)
-    o_accum = lse_accum = None
-    if most_splits > 1:
-        # per split, a row per (sequence, head, token) as lse has them
-        o_accum = torch.empty((most_splits, *lse.shape, head_dim), dtype=torch.float32,
-                              device=q.device)
-        lse_accum = torch.empty((most_splits, *lse.shape), dtype=torch.float32, device=q.device)
+    # per split, a row per (sequence, head, token) as lse has them: o_accum, then lse_accum
+    lse_rows = q.shape[0] * heads * q.shape[1]
+    workspace = most_splits * lse_rows * (head_dim + 1) if most_splits > 1 else 0
     rotary = rotary_cos is not None
-    q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device) if rotary else None
+    o = out if out is not None else _Contiguous(tuple(q.shape))
+    planned = []
     for kernel, min_seqlen_q, launch_seqlen_q, splits in launches:
         args = params.decode_args(
-            q=q, k=k_cache, v=v_cache, o=out, softmax_lse=lse.data_ptr(), batch=batch,
+            q=q, k=k_cache, v=v_cache, o=o, softmax_lse=0, batch=batch,
             heads=heads, heads_kv=heads_kv, seqlen_q=launch_seqlen_q, seqlen_k=capacity,
             **mods.fields(scale), **band.fields(), num_splits=splits,
             min_seqlen_q=min_seqlen_q,
             cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
             q_view_rows=q.shape[1] if packed else 0,
-            o_accum=0 if o_accum is None else o_accum.data_ptr(),
-            lse_accum=0 if lse_accum is None else lse_accum.data_ptr(),
+            o_accum=0, lse_accum=0,
             cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
             cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
             cache_leftpad=0 if cache_leftpad is None else cache_leftpad.data_ptr(),
@@ -208,21 +338,33 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
             block_table_batch_stride=block_table.stride(0) if paged else 0,
             page_size=k_cache.shape[1] if paged else 0,
             k_new=k_new, v_new=v_new, seqlen_new=0 if k_new is None else k_new.shape[1],
-            q_rot=q_rot,
+            q_rot=_Contiguous(tuple(q.shape)) if rotary else None,
             rotary_cos=rotary_cos.data_ptr() if rotary else 0,
             rotary_sin=rotary_sin.data_ptr() if rotary else 0,
             rotary_dim=2 * rotary_cos.shape[1] if rotary else 0,
             rotary_interleaved=int(rotary_interleaved))
-        if attention is None or k_new is not None or rotary:
-            host.call_on_device(loader.binding().decode, device_index,
-                                (kernel.address, kernel.error_string_address, *args))
-    if attention is not None:
-        forward_launcher, fields = attention
-        cache = {name: getattr(args, name) for name in _CACHE_FIELDS}
-        forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
-                    scale, band, {**fields, **cache}, batch=batch,
-                    seqlen_k=capacity, mods=mods)
-    return out, lse
+        present = {"q": q, "k": k_cache, "v": v_cache, "k_new": k_new, "v_new": v_new,
+                   "rotary_cos": rotary_cos, "rotary_sin": rotary_sin,
+                   "cache_seqlens": cache_seqlens, "cache_batch_idx": cache_batch_idx,
+                   "cache_leftpad": cache_leftpad, "block_table": block_table,
+                   "alibi_slopes": alibi_slopes, "sinks": sinks, "cu_seqlens_q": cu_seqlens_q,
+                   # the outputs and workspaces, allocated per call
+                   "o": True, "softmax_lse": True, "q_rot": rotary or None,
+                   "o_accum": workspace or None, "lse_accum": workspace or None}
+        offsets = {"lse_accum": 4 * most_splits * lse_rows * head_dim}
+        addresses = tuple((params.DecodeArgs._fields.index(name), _SOURCES.index(name),
+                           offsets.get(name, 0))
+                          for name in _SOURCES if present[name] is not None)
+        planned.append(_Launch((kernel.address, kernel.error_string_address), list(args),
+                               addresses))
+    # A launch's other addresses (a variant's tensors) are this call's, and so are the
+    # forward's modifiers over a cache (chunked prefill, whose host time its work hides): such a
+    # plan is its call's own.
+    set_here = {params.DecodeArgs._fields[index] for index, _, _ in planned[0].addresses}
+    reusable = attention is None and all(
+        planned[0].args[params.DecodeArgs._fields.index(name)] == 0
+        for name in _ADDRESS_MEMBERS if name not in set_here)
+    return _Plan(tuple(planned), workspace, rotary, attention, mods, band, reusable)
 
 
 def empty_outputs(q, out=None):
@@ -231,11 +373,14 @@ def empty_outputs(q, out=None):
     this too."""
     batch, rows, heads, _ = q.shape
     if out is None:
-        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # 2 us, not 4 (H200)
     return out, torch.empty((batch, heads, rows), dtype=torch.float32, device=q.device)
 
 
 _CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
+_CACHE_INDICES = tuple(params.DecodeArgs._fields.index(name) for name in _CACHE_FIELDS)
+_BATCH = params.DecodeArgs._fields.index("batch")
+_SEQLEN_K = params.DecodeArgs._fields.index("seqlen_k")
 
 
 @functools.lru_cache(maxsize=256)

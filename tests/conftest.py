@@ -38,6 +38,15 @@ def _flashgen_own_contract(monkeypatch):
         monkeypatch.setattr(schedule, "_dkdv_reproducible", False)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_decode_plans():
+    """Each test plans its decode calls afresh: a plan holds the launchers a test may have
+    patched in (decode.py's plans per shape signature)."""
+    decode = sys.modules.get("flashgen.decode")
+    if decode is not None:
+        decode.clear_plans()
+
+
 @pytest.fixture(scope="session")
 def host_library(tmp_path_factory):
     """host_library(name, source): C++ source that includes flashgen headers, compiled for the

@@ -399,21 +399,26 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     launcher = RecordingLauncher(DecodeParams, spec=SimpleNamespace(tile=None))
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
     monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)  # its own kernels
-    made = record_empty(monkeypatch)
+    made, empty_like = record_empty(monkeypatch), torch.empty_like
+    made_like = []
+    monkeypatch.setattr(torch, "empty_like",
+                        lambda *a, **k: made_like.append(empty_like(*a, **k)) or made_like[-1])
     out, lse = decode.decode(q, k_cache, v_cache, k_new, v_new, cos, sin, seqlens, rows, None,
                              table, 0.125, 13, 0, 0.0, None, None, False, splits)
     ((params, stream),) = launcher.launches
     assert stream == 77
-    out_made, lse_made, o_accum, lse_accum, q_rot = made
+    (lse_made, workspace), (out_made, q_rot) = made, made_like
     assert out_made is out and lse_made is lse
-    assert o_accum.shape == (splits, BATCH, HEADS, SEQLEN_Q, 64)
-    assert lse_accum.shape == (splits, BATCH, HEADS, SEQLEN_Q) and q_rot.shape == q.shape
+    rows_per_split = BATCH * HEADS * SEQLEN_Q
+    # o_accum (splits, batch, heads, seqlen_q, 64), then lse_accum (splits, batch, heads, seqlen_q)
+    assert workspace.shape == (splits * rows_per_split * 65,) and q_rot.shape == q.shape
     assert fields(params) == {
         **tensor_fields(q=q, k=k_cache, v=v_cache, o=out, k_new=k_new, v_new=v_new, q_rot=q_rot),
         **problem_fields(q, k_cache, 0.125, Band(capacity - SEQLEN_Q, 13, 0)),
         "seqlen_k": capacity,
-        "softmax_lse": lse.data_ptr(), "num_splits": splits, "o_accum": o_accum.data_ptr(),
-        "lse_accum": lse_accum.data_ptr(), "cache_seqlens": seqlens.data_ptr(),
+        "softmax_lse": lse.data_ptr(), "num_splits": splits, "o_accum": workspace.data_ptr(),
+        "lse_accum": workspace.data_ptr() + 4 * splits * rows_per_split * 64,
+        "cache_seqlens": seqlens.data_ptr(),
         # ctypes reads a null pointer as None
         "cache_batch_idx": None if paged else rows.data_ptr(), "cache_leftpad": None,
         "block_table": table.data_ptr() if paged else None,
@@ -458,3 +463,45 @@ def test_a_mixed_varlen_batch_launches_its_prefill_and_decode_sequences_apart(bi
                   cu_seqlens_q=cu_seqlens_q[:2], max_seqlen_q=300)
     ((alone, _),) = prefill_tile.launches
     assert alone.num_splits == prefill.num_splits
+
+
+def test_a_repeated_decode_step_reuses_its_plan_with_each_calls_tensors(binding, monkeypatch):
+    """A call of the same shapes, strides, dtypes and numbers as an earlier one plans nothing: it
+    launches the earlier plan's params with its own tensors' addresses, as planning it afresh
+    would; its outputs and split workspace are its own."""
+    launcher = RecordingLauncher(DecodeParams,
+                                 tile=SimpleNamespace(block_m=64, block_n=64))
+    monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
+    monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)
+    plans, make_plan = [], decode._make_plan
+    monkeypatch.setattr(decode, "_make_plan", lambda *a: plans.append(1) or make_plan(*a))
+
+    def step():
+        q = torch.empty(2, 1, 8, 64, dtype=torch.float16)
+        k_cache, v_cache = (torch.empty(7, 16, 2, 64, dtype=torch.float16) for _ in range(2))
+        seqlens = torch.tensor([5, 40], dtype=torch.int32)
+        table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
+        sinks = torch.empty(8)
+        out, lse = decode.decode(q, k_cache, v_cache, None, None, None, None, seqlens, None,
+                                 None, table, 0.125, decode.WINDOW_UNBOUNDED, 0, 0.0, None,
+                                 sinks, False, 3)
+        ((params, _),) = launcher.launches
+        launcher.launches.clear()
+        expected = tensor_fields(q=q, k=k_cache, v=v_cache, o=out)
+        expected.update(softmax_lse=lse.data_ptr(), cache_seqlens=seqlens.data_ptr(),
+                        block_table=table.data_ptr(), sinks=sinks.data_ptr())
+        return fields(params), expected, (q, k_cache, v_cache, seqlens, table, sinks, out, lse)
+
+    first, first_expected, first_tensors = step()  # kept alive: the second's are elsewhere
+    second, second_expected, _ = step()
+    assert len(plans) == 1
+    assert all(first[name] != second[name] for name in ("q", "k", "v", "cache_seqlens"))
+    for got, expected in ((first, first_expected), (second, second_expected)):
+        assert {name: got[name] for name in expected} == expected
+        assert got["num_splits"] == 3
+        rows = 2 * 8 * 1
+        assert got["lse_accum"] - got["o_accum"] == 4 * got["num_splits"] * rows * 64
+    allocated = {"o", "softmax_lse", "o_accum", "lse_accum"}
+    addresses = set(second_expected) | allocated
+    assert ({k: v for k, v in first.items() if k not in addresses}
+            == {k: v for k, v in second.items() if k not in addresses})
