@@ -143,7 +143,7 @@ def _signature(arguments: tuple):
         return None
     key, addresses = [arguments[0].get_device()], 0
     for value in arguments:
-        if type(value) is torch.Tensor:
+        if isinstance(value, torch.Tensor):  # a subclass too (sinks as an nn.Parameter)
             key.append((value.shape, value.stride(), value.dtype))
             addresses |= value.data_ptr()
         else:

@@ -481,7 +481,7 @@ def test_a_repeated_decode_step_reuses_its_plan_with_each_calls_tensors(binding,
         k_cache, v_cache = (torch.empty(7, 16, 2, 64, dtype=torch.float16) for _ in range(2))
         seqlens = torch.tensor([5, 40], dtype=torch.int32)
         table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.int32)
-        sinks = torch.empty(8)
+        sinks = torch.nn.Parameter(torch.empty(8))  # learnable, as models hold them
         out, lse = decode.decode(q, k_cache, v_cache, None, None, None, None, seqlens, None,
                                  None, table, 0.125, decode.WINDOW_UNBOUNDED, 0, 0.0, None,
                                  sinks, False, 3)
