@@ -162,8 +162,8 @@ class _Plan(NamedTuple):
     workspace: int        # fp32 elements of the split workspace (o_accum, then lse_accum)
     rotary: bool          # q rotated into a q_rot buffer
     attention: tuple | None  # (forward launcher, fields) where a forward attends over the cache
-    mods: Modifiers
-    band: Band
+    mods: Modifiers | None  # the forward's over the cache, with attention
+    band: Band | None
     reusable: bool        # for any call of the same signature: _run sets every address
 
 
@@ -172,7 +172,6 @@ class _Plan(NamedTuple):
 _SOURCES = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
             "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "sinks",
             "cu_seqlens_q", "o", "softmax_lse", "q_rot", "o_accum", "lse_accum")
-_VARIANT = 19  # decode's argument `variant`
 _ADDRESS_MEMBERS = tuple(name for ctype, name in params.members(params.DECODE_FIELDS)
                          if ctype.endswith("*"))
 
@@ -215,7 +214,8 @@ def _run(plan: _Plan, arguments: tuple):
     q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, \
         cache_leftpad, block_table, scale, _, _, _, alibi_slopes, sinks, *_, \
         cu_seqlens_q, _, out = arguments
-    # torch.empty throughout: the tests poison it, so an element a kernel forgets shows as NaN.
+    # Uninitialised allocations throughout: the tests poison them, so an element a kernel
+    # forgets shows as NaN.
     out, lse = empty_outputs(q, out)
     if out.numel() == 0:
         return out, lse
@@ -364,7 +364,9 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
     reusable = attention is None and all(
         planned[0].args[params.DecodeArgs._fields.index(name)] == 0
         for name in _ADDRESS_MEMBERS if name not in set_here)
-    return _Plan(tuple(planned), workspace, rotary, attention, mods, band, reusable)
+    # A kept plan holds no tensor of the call that made it (its modifiers' are re-read).
+    return _Plan(tuple(planned), workspace, rotary, attention, mods if attention else None,
+                 band if attention else None, reusable)
 
 
 def empty_outputs(q, out=None):
@@ -378,6 +380,7 @@ def empty_outputs(q, out=None):
 
 
 _CACHE_FIELDS = tuple(f.name for f in params.KV_CACHE_FIELDS)
+_VARIANT = decode.__code__.co_varnames.index("variant")  # its place in decode's arguments
 _CACHE_INDICES = tuple(params.DecodeArgs._fields.index(name) for name in _CACHE_FIELDS)
 _BATCH = params.DecodeArgs._fields.index("batch")
 _SEQLEN_K = params.DecodeArgs._fields.index("seqlen_k")
