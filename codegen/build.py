@@ -116,6 +116,17 @@ def run_ninja(build_dir: Path, jobs: int | None, log: Callable[[str], None],
     return proc.wait() == 0, "".join(lines), per_edge
 
 
+def split_build(kernels: int, cores: int) -> bool:
+    """Whether to compile each kernel's device code and launch code apart (common/launch.cuh):
+    it shortens one kernel's build by the launch code's share (the host compiler's passes) and
+    costs more compiler work in all, so it pays where cores would idle, a first call's build;
+    FLASHGEN_SPLIT_BUILD=1 or 0 decides for every build."""
+    forced = os.environ.get("FLASHGEN_SPLIT_BUILD")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return 2 * kernels <= cores
+
+
 def check_variants(specs: list[KernelSpec], nvcc_bin) -> None:
     """Compiles each config-defined variant of the specs alone (codegen/variants.py's
     check_source, a few seconds each): an invalid snippet raises BuildError with the compiler's
@@ -159,19 +170,24 @@ def _build_arch(arch, specs, nvcc_bin, nvcc, jobs, objects_only, log) -> list[ca
         if not missing:
             return [e for e in found.values() if e is not None]
         build_dir = root / ".build"
+        cores = jobs or os.cpu_count() or 1
+        split = split_build(len(missing), cores)
         targets = []
         for spec in missing:
             key = cache.entry_key(spec, nvcc)
             source = build_dir / "src" / f"{spec.name}.cu"
             # Rewritten only where it changed: ninja then keeps what a killed build finished.
             write_if_changed(source, render_spec(spec))
-            targets.append(ninja.KernelTarget(
+            target = ninja.KernelTarget(
                 name=spec.name, source=source, obj=build_dir / "obj" / f"{spec.name}-{key}.o",
-                lib=build_dir / "lib" / f"{spec.name}-{key}.so", gencode=cache.gencode(spec)))
+                lib=build_dir / "lib" / f"{spec.name}-{key}.so", gencode=cache.gencode(spec),
+                split=split)
+            if split:
+                write_if_changed(target.embed, ninja.embed_source(target.cubin))
+            targets.append(target)
         (build_dir / "build.ninja").write_text(ninja.kernel_ninja(
             targets, nvcc_bin, cache.NVCC_FLAGS, [paths.INCLUDE_DIR, paths.cutlass_include_dir()],
             objects_only=objects_only))
-        cores = jobs or os.cpu_count() or 1
         estimate = SECONDS_PER_KERNEL_AND_CORE * -(-len(missing) // cores)
         log(f"flashgen: compiling {len(missing)} kernel(s) for {arch} "
             f"({len(specs) - len(missing)} already cached): about {estimate} s on {cores} "

@@ -34,7 +34,7 @@ FAKE_NVCC = textwrap.dedent("""\
     if "-c" in args and os.environ.get("FAKE_NVCC_LOG"):
         with open(os.environ["FAKE_NVCC_LOG"], "a") as log:
             log.write(out + "\\n")
-    if "-c" in args:  # what ptxas -v reports, as nvcc prints it
+    if "-c" in args or "-cubin" in args:  # what ptxas -v reports, as nvcc prints it
         print("ptxas info    : Used 77 registers, used 1 barriers", file=sys.stderr)
         print("    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads", file=sys.stderr)
     with open(out, "wb") as f:

@@ -3,11 +3,13 @@ for sm_90a, with ptxas warnings as errors), half of them with the softcap score 
 with ALiBi and two of config-defined variants (the default config's document mask forward, and
 block_sparse's backward, which walks by its bitmaps): catches template errors on machines without
 a GPU. The slowest CPU test (about a minute per kernel per core, ten kernels). A variant's
-snippets compile alone first, and a broken one names its table."""
+snippets compile alone first, and a broken one names its table. One decode spec builds split
+(device code and launch code apart) and links."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -71,3 +73,26 @@ def test_a_broken_variant_snippet_fails_with_its_table_and_the_compiler_message(
     with pytest.raises(build.BuildError, match=r"(?s)\[variants\.document\] does not compile.*"
                                                r"identifier \"undefined_name\" is undefined"):
         build.build([dataclasses.replace(spec, variant=broken)], objects_only=True)
+
+
+@pytest.mark.skipif(paths.nvcc_path() is None, reason="nvcc is not installed")
+def test_a_split_build_links_the_device_code_its_launcher_names(tmp_path, monkeypatch):
+    """A split build (common/launch.cuh) compiles the device code to a cubin and the launch code
+    apart; the library holds the whole cubin, and the launch code registers each of its kernels
+    by the name the launch looks up in it. The decode spec launches three kernels (append,
+    attention, split combine)."""
+    monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("FLASHGEN_SPLIT_BUILD", "1")
+    config = load_config(paths.DEFAULT_CONFIG)
+    spec = enumerate_specs(config, archs=["sm_90"], kinds=["kvcache"], head_dims=[64],
+                           dtypes=["bf16"], masks=["none"], score_mods=["none"])[0]
+    (entry,) = build.build([spec])
+    objects = tmp_path / spec.arch / ".build" / "obj"
+    (cubin,) = [p.read_bytes() for p in objects.glob(f"{spec.name}-*.cubin")]
+    (launch_code,) = [p.read_bytes() for p in objects.glob(f"{spec.name}-*.o")
+                      if not p.name.endswith("-device.o")]
+    assert cubin.startswith(b"\x7fELF") and cubin in entry.lib.read_bytes()
+    symbols = re.findall(rb"_ZN8flashgen\d+[a-z_]+_kernelI\w+", cubin)
+    kernels = {re.sub(rb"_param_\d+$", b"", symbol) for symbol in symbols}
+    assert len(kernels) == 3
+    assert all(name in launch_code for name in kernels)

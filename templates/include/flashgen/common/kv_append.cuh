@@ -38,6 +38,7 @@ struct RotaryPairs {
 // query token i sits at position cache_seqlens + i (causal), else all at cache_seqlens.
 template <class Element, int kHeadDim, bool kQPerToken>
 __global__ void append_kv_kernel(const DecodeParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   constexpr int kPairs = kHeadDim / 2;
   const int token = blockIdx.x;
   const int batch = blockIdx.y;
@@ -88,6 +89,7 @@ __global__ void append_kv_kernel(const DecodeParams p) {
       dst[c.y] = Element(x1);
     }
   }
+#endif
 }
 
 }  // namespace flashgen

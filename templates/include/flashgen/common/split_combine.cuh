@@ -36,6 +36,7 @@ inline dim3 combine_grid(DecodeParams const& p) {
 // denominator here, not in the splits.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(128) combine_splits_kernel(const DecodeParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   constexpr int kColsPerLane = (kHeadDim + 31) / 32;
   const int64_t local = int64_t(blockIdx.x) * 4 + threadIdx.x / 32;  // head x rows + row
   const int lane = threadIdx.x % 32;
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(128) combine_splits_kernel(const DecodeParams 
     if (col < kHeadDim) out[col] = Element(acc[i]);
   }
   if (lane == 0) p.softmax_lse[row] = lse;
+#endif
 }
 
 }  // namespace flashgen

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "flashgen/common/launch.cuh"
 #include "flashgen/common/mask.cuh"
 #include "flashgen/common/params.h"
 #include "flashgen/common/score_mod.cuh"
@@ -386,6 +387,7 @@ struct DecodeScoreMod<VariantScore<V>> {
 template <class V>
 __global__ void __launch_bounds__(32 * kMaskRangeRows)
     mask_rows_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   extern __shared__ uint32_t bitmaps[];  // seen, then wholly seen
   const int group = blockIdx.x;
   const int batch = blockIdx.y / mask_heads<V>(p);
@@ -445,6 +447,7 @@ __global__ void __launch_bounds__(32 * kMaskRangeRows)
     range.all_last = unbroken ? min(range.all_last, row_range.y) : -1;
   }
   *reinterpret_cast<MaskRange*>(entry) = range;
+#endif
 }
 
 // Block per sequence (and mask head): the first keys as minima over later groups, the ends as
@@ -471,6 +474,7 @@ __device__ __forceinline__ int block_inclusive_scan(int value, Op op, int* scrat
 
 __global__ void __launch_bounds__(kScanThreads)
     mask_ranges_scan_kernel(CUTE_GRID_CONSTANT AttentionParams const p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   __shared__ int scratch[kScanThreads];
   const int groups = mask_range_groups(p);
   const int row_ints = mask_row_ints(p);
@@ -503,6 +507,7 @@ __global__ void __launch_bounds__(kScanThreads)
     carry = scratch[0];
     __syncthreads();
   }
+#endif
 }
 
 // Fills p.mask_ranges ((batch, mask_heads<V>(p), mask_range_groups(p), mask_row_ints(p)) ints)
@@ -516,9 +521,12 @@ cudaError_t compute_mask_ranges(AttentionParams const& p, cudaStream_t stream) {
   if (bitmap_bytes > 48 * 1024) {  // 3M keys: beyond, the bitmaps would need an opt-in
     return cudaErrorInvalidValue;
   }
-  mask_rows_kernel<V><<<dim3(groups, masks), 32 * kMaskRangeRows, bitmap_bytes, stream>>>(p);
-  mask_ranges_scan_kernel<<<masks, kScanThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (cudaError_t err = launch(mask_rows_kernel<V>, dim3(groups, masks), 32 * kMaskRangeRows,
+                               bitmap_bytes, stream, p);
+      err != cudaSuccess) {
+    return err;
+  }
+  return launch(mask_ranges_scan_kernel, unsigned(masks), kScanThreads, 0, stream, p);
 }
 
 }  // namespace flashgen

@@ -90,6 +90,7 @@ constexpr int kPrepareBlocks =
 
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kLanes = softmax_d_lanes(kHeadDim);
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_prepare_kernel(const BwdParam
   for (int i = int(threadIdx.x); i < rows * kHeadDim / 4; i += kAuxThreads) {
     dq[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
+#endif
 }
 
 // The workspace holds, per (batch, head, query block), kDqShares dQ shares one after the other
@@ -152,6 +154,7 @@ struct DqConvert {
 
 template <class Traits>
 __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   using Convert = DqConvert<Traits>;
   constexpr int kBlockM = Traits::kBlockM;
@@ -213,6 +216,7 @@ __global__ void __launch_bounds__(kAuxThreads) bwd_dq_convert_kernel(const BwdPa
     }
     *reinterpret_cast<Chunk8<Element>*>(dq + int64_t(row0 + row) * p.dq_row_stride + col) = chunk;
   }
+#endif
 }
 
 }  // namespace flashgen::hopper

@@ -1111,6 +1111,7 @@ __device__ __forceinline__ void bwd_consumer(
 template <class Traits, class Mask, class ScoreMod, class Dropout, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     bwd_kernel(CUTE_GRID_CONSTANT BwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ char smem_bytes[];
   auto& smem = *reinterpret_cast<typename Traits::SharedStorage*>(smem_bytes);
@@ -1160,6 +1161,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   bwd_consumer<Traits, Mask, ScoreMod, Dropout>(
       p, tmas, smem, work, walk, share, piece, piece.block - (blocks - p.split_blocks),
       deterministic, dq_from_registers, warpgroup - 1, pipeline_q, pipeline_do);
+#endif
 }
 
 }  // namespace flashgen::hopper

@@ -94,15 +94,23 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
       return err;
     }
   }
-  bwd_prepare_kernel<Traits><<<unsigned(prepare_grid), kAuxThreads, 0, stream>>>(p);
+  if (cudaError_t err = launch(bwd_prepare_kernel<Traits>, unsigned(prepare_grid), kAuxThreads,
+                               0, stream, p);
+      err != cudaSuccess) {
+    return err;
+  }
   const auto tmas = make_bwd_tmas<Traits>(p);
   auto kernel = bwd_kernel<Traits, Mask, ScoreMod, Dropout, decltype(tmas)>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  kernel<<<unsigned(grid_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p, tmas);
-  bwd_dq_convert_kernel<Traits><<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (cudaError_t err = launch(kernel, unsigned(grid_blocks), Traits::kThreads,
+                               Traits::kSmemBytes, stream, p, tmas);
+      err != cudaSuccess) {
+    return err;
+  }
+  return launch(bwd_dq_convert_kernel<Traits>, unsigned(convert_blocks), kAuxThreads, 0, stream,
+                p);
 }
 
 }  // namespace flashgen::hopper

@@ -659,6 +659,7 @@ __device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tma
 template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense, class Tmas>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     fwd_kernel(CUTE_GRID_CONSTANT FwdParams const p, CUTE_GRID_CONSTANT Tmas const tmas) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Pipeline = typename Traits::PipelineKV;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -702,6 +703,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
   fwd_consumer<Traits, Mask, ScoreMod, Dropout, kDense>(p, tmas, smem, scheduler, handoff,
                                                         warpgroup - 1, pipeline_k, pipeline_v);
+#endif
 }
 
 }  // namespace flashgen::hopper

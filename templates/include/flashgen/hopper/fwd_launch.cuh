@@ -72,8 +72,8 @@ cudaError_t launch_fwd_kernel(FwdParams params, const Tmas& tmas, int64_t blocks
       grid = sms;
     }
   }
-  kernel<<<unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream>>>(params, tmas);
-  return cudaGetLastError();
+  return launch(kernel, unsigned(grid), Traits::kThreads, Traits::kSmemBytes, stream, params,
+                tmas);
 }
 
 // Mask: a policy of common/mask.cuh; ScoreMod: of common/score_mod.cuh; Dropout: of

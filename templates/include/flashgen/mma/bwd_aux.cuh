@@ -28,6 +28,7 @@ __device__ __forceinline__ DenseSeqs aux_rows(BwdParams const& p, int batch_head
 // Blocks run over (batch, head) and within it over kDRowsPerBlock rows.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   constexpr int kLanes = softmax_d_lanes(kHeadDim);
   constexpr int kRows = kDRowsPerBlock<kHeadDim>;
   const int blocks_per_head = (aux_grid_rows(p) + kRows - 1) / kRows;
@@ -39,11 +40,13 @@ __global__ void __launch_bounds__(kAuxThreads) softmax_d_kernel(const BwdParams 
   if (row < seq.seqlen_q && int(threadIdx.x) % kLanes == 0) {
     p.softmax_d[seq.row_stats_offset(p.heads, head) + row] = sum;
   }
+#endif
 }
 
 // One thread per 8 columns of a dq row.
 template <class Element, int kHeadDim, int kHeadDimPadded>
 __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   constexpr int kChunks = kHeadDim / 8;
   const int rows = aux_grid_rows(p);
   const int64_t index = int64_t(blockIdx.x) * kAuxThreads + threadIdx.x;
@@ -66,6 +69,7 @@ __global__ void __launch_bounds__(kAuxThreads) dq_convert_kernel(const BwdParams
              seq.q_offset(p.dq_batch_stride, p.dq_row_stride, p.dq_head_stride, head) +
              row * p.dq_row_stride;
   reinterpret_cast<Chunk8<Element>*>(dq)[chunk] = result;
+#endif
 }
 
 }  // namespace flashgen

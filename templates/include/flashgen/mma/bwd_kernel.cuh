@@ -132,6 +132,7 @@ __device__ __forceinline__ void stage_for_bulk_add(float* staging, Acc const& ac
 template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
           class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -364,11 +365,13 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dkdv_kernel(const BwdPar
   if constexpr (Traits::kDqBulkReduce) {
     if (issues_bulk_add) wait_bulk_reads();
   }
+#endif
 }
 
 template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
           class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -467,6 +470,7 @@ __global__ void __launch_bounds__(Traits::kThreads) bwd_dq_kernel(const BwdParam
                           TileQ{}, make_coord(m_block, 0));
   Tensor sdQ = sQ(_, _, 0);
   store_tile<Traits>(mma_dq, tid, acc_dq, p.softmax_scale, sdQ, gdQ, rows);
+#endif
 }
 
 }  // namespace flashgen

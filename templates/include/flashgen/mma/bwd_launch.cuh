@@ -43,7 +43,11 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     if (cudaError_t err = check_grid(blocks); err != cudaSuccess) return err;
   }
   // D first: the GPU starts on it while the host sets up the rest.
-  softmax_d_kernel<Element, kHeadDim><<<unsigned(d_blocks), kAuxThreads, 0, stream>>>(p);
+  if (cudaError_t err = launch(softmax_d_kernel<Element, kHeadDim>, unsigned(d_blocks),
+                               kAuxThreads, 0, stream, p);
+      err != cudaSuccess) {
+    return err;
+  }
   auto dkdv = bwd_dkdv_kernel<Traits, Mask, DenseSeqs, ScoreMod, Dropout>;
   if (cudaError_t err = opt_in_shared_memory(dkdv, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
@@ -59,19 +63,25 @@ cudaError_t launch_bwd(const BwdParams& p, cudaStream_t stream) {
     if (cudaError_t err = opt_in_shared_memory(dq, Traits::kSmemBytes); err != cudaSuccess) {
       return err;
     }
-    dkdv<<<unsigned(dkdv_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-    dq<<<unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-    return cudaGetLastError();
+    if (cudaError_t err = launch(dkdv, unsigned(dkdv_blocks), Traits::kThreads,
+                                 Traits::kSmemBytes, stream, p);
+        err != cudaSuccess) {
+      return err;
+    }
+    return launch(dq, unsigned(m_blocks), Traits::kThreads, Traits::kSmemBytes, stream, p);
   }
   // dQ's workspace holds the per-row helpers' rows.
   const size_t bytes = size_t(aux_rows) * Traits::kHeadDimPadded * sizeof(float);
   if (cudaError_t err = cudaMemsetAsync(p.dq_accum, 0, bytes, stream); err != cudaSuccess) {
     return err;
   }
-  dkdv<<<unsigned(dkdv_blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  dq_convert_kernel<Element, kHeadDim, Traits::kHeadDimPadded>
-      <<<unsigned(convert_blocks), kAuxThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (cudaError_t err = launch(dkdv, unsigned(dkdv_blocks), Traits::kThreads,
+                               Traits::kSmemBytes, stream, p);
+      err != cudaSuccess) {
+    return err;
+  }
+  return launch(dq_convert_kernel<Element, kHeadDim, Traits::kHeadDimPadded>,
+                unsigned(convert_blocks), kAuxThreads, 0, stream, p);
 }
 
 }  // namespace flashgen

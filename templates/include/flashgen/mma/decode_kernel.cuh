@@ -42,6 +42,7 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 // the head is constructed per packed row (a tile's rows belong to every head of the group).
 template <class Traits, class Mask, class ScoreMod>
 __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodeParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -309,6 +310,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
       }
     }
   }
+#endif
 }
 
 }  // namespace flashgen

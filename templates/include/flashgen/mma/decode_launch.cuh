@@ -24,8 +24,11 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.k_new != nullptr && (p.seqlen_new > 0 || p.rotary_dim > 0)) {
     const dim3 grid(unsigned(max(p.seqlen_new, p.rotary_dim > 0 ? p.seqlen_q : 0)),
                     unsigned(p.batch));
-    append_kv_kernel<Element, Traits::kHeadDim, Mask::kHidesKeys><<<grid, 128, 0, stream>>>(p);
-    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    if (cudaError_t err = launch(append_kv_kernel<Element, Traits::kHeadDim, Mask::kHidesKeys>,
+                                 grid, 128, 0, stream, p);
+        err != cudaSuccess) {
+      return err;
+    }
     if (p.rotary_dim > 0) {
       attention.q = p.q_rot;
       attention.q_batch_stride = p.q_rot_batch_stride;
@@ -46,14 +49,16 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(attention);
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  if (cudaError_t err =
+          launch(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, attention);
+      err != cudaSuccess) {
+    return err;
+  }
 
   if (p.num_splits > 1) {
     const dim3 grid = combine_grid(p);
     if (grid.x == 0) return cudaErrorInvalidConfiguration;
-    combine_splits_kernel<Element, Traits::kHeadDim><<<grid, 128, 0, stream>>>(p);
-    return cudaGetLastError();
+    return launch(combine_splits_kernel<Element, Traits::kHeadDim>, grid, 128, 0, stream, p);
   }
   return cudaSuccess;
 }

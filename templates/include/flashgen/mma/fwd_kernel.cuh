@@ -28,6 +28,7 @@ using namespace cute;
 template <class Traits, class Mask, class Seqs = DenseSeqs, class ScoreMod = IdentityScore,
           class Dropout = NoDropout>
 __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p) {
+#ifndef FLASHGEN_LAUNCH_ONLY  // (common/launch.cuh)
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(Traits::kThreads) fwd_kernel(const FwdParams p
   auto gmem_thr_o = gmem_copy_o.get_thread_slice(tid);
   copy_tile<false, kHeadDim>(gmem_copy_o, gmem_thr_o.partition_S(sO), gmem_thr_o.partition_D(gO),
                              gmem_thr_o.partition_S(make_identity_tensor(TileQ{})), rows_in_block);
+#endif
 }
 
 }  // namespace flashgen

@@ -26,8 +26,7 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  kernel<<<dim3(unsigned(blocks)), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  return launch(kernel, unsigned(blocks), Traits::kThreads, Traits::kSmemBytes, stream, p);
 }
 
 }  // namespace flashgen
