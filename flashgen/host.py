@@ -19,6 +19,28 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _warned_copy = False
 
 
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def call_signature(values: tuple, tensor_positions: frozenset):
+    """A call's arguments as the key of what their checks decided: at tensor_positions each
+    tensor's type, device, dtype, shape, strides and requires_grad; elsewhere, and for what is no
+    tensor there, each value itself where it is a number, string, None or a tuple of those. None
+    (no key) for any other value, a tensor where a number goes among them: the checks read its
+    value."""
+    key = []
+    for position, value in enumerate(values):
+        if isinstance(value, torch.Tensor) and position in tensor_positions:
+            key.append((type(value), value.device, value.dtype, value.shape, value.stride(),
+                        value.requires_grad))
+        elif type(value) in _PLAIN or (type(value) is tuple
+                                       and all(type(v) in _PLAIN for v in value)):
+            key.append(value)
+        else:
+            return None
+    return tuple(key)
+
+
 def problem_sizes(q, k, varlen: tuple = ()) -> tuple[int, int, int, dict]:
     """(batch, seqlen_q, seqlen_k, the params' cu_seqlens fields) of a call on (batch, seq,
     heads, dim) views; varlen: a variable-length batch's (cu_seqlens_q, cu_seqlens_k,

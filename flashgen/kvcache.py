@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flashgen import op_schema, ops, validate, variant_args
+from flashgen import host, op_schema, ops, validate, variant_args
 from flashgen.modifiers import PLAIN
 
 
@@ -44,6 +44,63 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softmax_lse), lse (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe:
     nothing on the device is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
+    given = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+             cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+             rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink)
+    key = None
+    if variant is None and variant_tensors is None and not validate.debug_checks():
+        key = host.call_signature(given, _TENSOR_ARGUMENTS)
+    recipe = _recipes.get(key) if key is not None else None
+    if recipe is not None:
+        arguments = tuple(given[value] if from_call else value for from_call, value in recipe)
+    else:
+        arguments = _arguments(*given, variant, variant_tensors)
+        recipe = _recipe(arguments, given) if key is not None else None
+        if recipe is not None:
+            if len(_recipes) >= MAX_RECIPES:
+                _recipes.clear()
+            _recipes[key] = recipe
+    out, lse = ops.attention_with_kvcache(arguments)
+    return (out, lse) if return_softmax_lse else out
+
+
+# The checks of a call depend on its tensors' kinds, shapes and strides and on its other arguments'
+# values alone (the device values' checks run apart, under FLASHGEN_DEBUG_CHECKS=1), so a call of
+# a signature that passed once passes again: its kernel arguments are kept as a recipe, each the
+# same value again or the call's own tensor at a position of its arguments. A call that makes a
+# tensor (an int cache_seqlens, a contiguous copy) keeps none.
+MAX_RECIPES = 1024
+_recipes: dict = {}
+# Where the call's tensors are in `given` (flash_attn_with_kvcache's): q, k_cache, v_cache, k, v,
+# rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+# alibi_slopes, s_aux, learnable_sink.
+_TENSOR_ARGUMENTS = frozenset((0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 18, 19))
+
+
+def clear_recipes() -> None:
+    _recipes.clear()
+
+
+def _recipe(arguments: tuple, given: tuple) -> tuple | None:
+    """(True, position in given) for each of the arguments that is one of the call's tensors,
+    (False, the value) for the rest; None where a tensor is none of the call's or more than one."""
+    recipe = []
+    for value in arguments:
+        if isinstance(value, torch.Tensor):
+            positions = [i for i in _TENSOR_ARGUMENTS if given[i] is value]
+            if len(positions) != 1:
+                return None
+            recipe.append((True, positions[0]))
+        else:
+            recipe.append((False, value))
+    return tuple(recipe)
+
+
+def _arguments(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+               cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+               rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink, variant,
+               variant_tensors) -> tuple:
+    """flashgen::fwd_kvcache's arguments for a call, checked (raising what is wrong)."""
     validate.check_qkv(("q", "k_cache", "v_cache"), q, k_cache, v_cache)
     batch, seqlen_q, heads, head_dim = q.shape
     mods = (validate.modifiers(softcap, alibi_slopes, q, batch)
@@ -74,15 +131,14 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if validate.debug_checks():
         _check_device_values(cache_seqlens, cache_batch_idx, block_table, seqlen_new, capacity,
                              cache_rows, rows_per_page, cache_leftpad)
-    out, lse = ops.attention_with_kvcache(op_schema.fwd_kvcache_arguments(
+    return op_schema.fwd_kvcache_arguments(
         q=q, k_cache=k_cache, v_cache=v_cache, k_new=k, v_new=v, rotary_cos=rotary_cos,
         rotary_sin=rotary_sin, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx,
         cache_leftpad=cache_leftpad, block_table=block_table, scale=scale,
         window_left=band.left, window_right=band.right, softcap=mods.softcap,
         alibi_slopes=mods.alibi_slopes, sinks=mods.sinks,
         rotary_interleaved=bool(rotary_interleaved), num_splits=num_splits, variant=name,
-        variant_tensors=tensors))
-    return (out, lse) if return_softmax_lse else out
+        variant_tensors=tensors)
 
 
 def _check_caches(k_cache, v_cache, heads: int, head_dim: int) -> tuple[int, int, int]:

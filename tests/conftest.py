@@ -41,10 +41,14 @@ def _flashgen_own_contract(monkeypatch):
 @pytest.fixture(autouse=True)
 def _fresh_decode_plans():
     """Each test plans its decode calls afresh: a plan holds the launchers a test may have
-    patched in (decode.py's plans per shape signature)."""
+    patched in (decode.py's plans per shape signature), and checks them afresh (kvcache.py's
+    recipes per signature)."""
     decode = sys.modules.get("flashgen.decode")
     if decode is not None:
         decode.clear_plans()
+    kvcache = sys.modules.get("flashgen.kvcache")
+    if kvcache is not None:
+        kvcache.clear_recipes()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,93 @@
+"""flash_attn_with_kvcache checks a call's signature once (flashgen/kvcache.py's recipes): a
+call like one that passed runs on its own tensors without the checks, any other call is checked,
+on a CPU (the CUDA-only check stubbed, the kernels' op faked)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashgen import kvcache, validate  # noqa: E402
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The op's arguments per call, and how many calls were checked."""
+    record = {"arguments": [], "checked": 0}
+    monkeypatch.setattr(validate, "check_qkv", lambda *args, **kwargs: None)
+    monkeypatch.setattr(kvcache.ops, "attention_with_kvcache",
+                        lambda arguments, out=None: (record["arguments"].append(arguments),
+                                                     (None, None))[1])
+    checked = kvcache._arguments
+
+    def counting(*args):
+        record["checked"] += 1
+        return checked(*args)
+
+    monkeypatch.setattr(kvcache, "_arguments", counting)
+    return record
+
+
+def step(batch=2, dim=64, dtype=torch.bfloat16):
+    q = torch.randn(batch, 1, 8, dim, dtype=dtype)
+    cache = torch.randn(batch, 128, 2, dim, dtype=dtype)
+    return q, cache, torch.randn_like(cache), torch.tensor([5, 7][:batch], dtype=torch.int32)
+
+
+def test_a_call_like_one_that_passed_runs_on_its_own_tensors_unchecked(calls):
+    first, second = step(), step()
+    for q, k_cache, v_cache, lengths in (first, second):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=True,
+                                        softcap=5.0)
+    assert calls["checked"] == 1
+    one, two = calls["arguments"]
+    assert [a is b for a, b in zip(two, one) if isinstance(a, torch.Tensor)] == [False] * 4
+    assert two[:3] == second[:3] and two[7] is second[3]
+    assert [a for a in two if not isinstance(a, torch.Tensor)] == [
+        a for a in one if not isinstance(a, torch.Tensor)]
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "strides", "causal", "window"])
+def test_any_other_call_is_checked(calls, change):
+    q, k_cache, v_cache, lengths = step()
+    kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    options = {}
+    if change == "shape":
+        q, k_cache, v_cache, lengths = step(batch=1)
+    elif change == "dtype":
+        q, k_cache, v_cache, lengths = step(dtype=torch.float16)
+    elif change == "strides":
+        q = torch.randn(2, 8, 1, 64, dtype=torch.bfloat16).transpose(1, 2)
+    elif change == "causal":
+        options = {"causal": True}
+    else:
+        options = {"window_size": (16, 0)}
+    kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, **options)
+    assert calls["checked"] == 2
+
+
+def test_a_call_that_makes_a_tensor_or_fails_keeps_no_recipe(calls):
+    q, k_cache, v_cache, _ = step()
+    for _ in range(2):  # an int cache_seqlens becomes a tensor per call
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=9)
+    assert calls["checked"] == 2
+    for _ in range(2):
+        with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+            kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=-1)
+    assert calls["checked"] == 4
+
+
+def test_a_tensor_where_a_number_goes_is_read_every_call(calls):
+    q, k_cache, v_cache, lengths = step()
+    for scale in (0.5, 0.25):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                        softmax_scale=torch.tensor(scale))
+    assert calls["checked"] == 2
+    assert [a[11] for a in calls["arguments"]] == [0.5, 0.25]
+
+
+def test_debug_checks_check_every_call(calls, monkeypatch):
+    monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
+    q, k_cache, v_cache, lengths = step()
+    for _ in range(2):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert calls["checked"] == 2
