@@ -171,7 +171,7 @@ def _build_arch(arch, specs, nvcc_bin, nvcc, jobs, objects_only, log) -> list[ca
             return [e for e in found.values() if e is not None]
         build_dir = root / ".build"
         cores = jobs or os.cpu_count() or 1
-        split = split_build(len(missing), cores)
+        split = not objects_only and split_build(len(missing), cores)  # (an object per kernel)
         targets = []
         for spec in missing:
             key = cache.entry_key(spec, nvcc)
