@@ -25,17 +25,18 @@ _PLAIN = (int, float, bool, str, type(None))
 def call_signature(values: tuple, tensor_positions: frozenset):
     """A call's arguments as the key of what their checks decided: at tensor_positions each
     tensor's type, device, dtype, shape, strides and requires_grad; elsewhere, and for what is no
-    tensor there, each value itself where it is a number, string, None or a tuple of those. None
-    (no key) for any other value, a tensor where a number goes among them: the checks read its
-    value."""
+    tensor there, each value with its type (True and 1 differ to the checks) where it is a number,
+    string, None or a tuple of those. None (no key) for any other value, a tensor where a number
+    goes among them: the checks read its value."""
     key = []
     for position, value in enumerate(values):
         if isinstance(value, torch.Tensor) and position in tensor_positions:
             key.append((type(value), value.device, value.dtype, value.shape, value.stride(),
                         value.requires_grad))
-        elif type(value) in _PLAIN or (type(value) is tuple
-                                       and all(type(v) in _PLAIN for v in value)):
-            key.append(value)
+        elif type(value) in _PLAIN:
+            key.append((type(value), value))
+        elif type(value) is tuple and all(type(v) in _PLAIN for v in value):
+            key.append(tuple((type(v), v) for v in value))
         else:
             return None
     return tuple(key)

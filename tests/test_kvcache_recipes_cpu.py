@@ -76,6 +76,15 @@ def test_a_call_that_makes_a_tensor_or_fails_keeps_no_recipe(calls):
     assert calls["checked"] == 4
 
 
+def test_a_value_of_another_type_is_checked_as_it_is(calls):
+    """True equals 1 to a dict, not to the checks: num_splits=True raises after num_splits=1."""
+    q, k_cache, v_cache, lengths = step()
+    kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1)
+    with pytest.raises(ValueError, match="num_splits must be an int >= 0"):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                        num_splits=True)
+
+
 def test_a_tensor_where_a_number_goes_is_read_every_call(calls):
     q, k_cache, v_cache, lengths = step()
     for scale in (0.5, 0.25):
