@@ -125,6 +125,7 @@ def decode(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seql
 # alone, so that a decode step repeated over layers and tokens only allocates and launches.
 MAX_PLANS = 1024
 _plans: dict = {}
+_plan_holders: list = []  # callers' caches of plans (plan_of), forgotten with the plans
 
 
 def clear_plans() -> None:
@@ -133,6 +134,31 @@ def clear_plans() -> None:
     _plans.clear()
     _plan.cache_clear()
     _padded_head_dim.cache_clear()
+    for forget in _plan_holders:
+        forget()
+
+
+def holds_plans(forget) -> None:
+    """forget(): drops a caller's plans (plan_of's) when clear_plans forgets decode's own."""
+    _plan_holders.append(forget)
+
+
+def plan_of(arguments: tuple):
+    """The plan decode() keeps for a call it ran with these arguments (its own order, without
+    out), for run_plan to launch on any call of the same signature; None where it keeps none
+    (a variant, an unaligned or padded call, chunked prefill on a forward)."""
+    if _padded_head_dim(arguments[0].get_device(), arguments[0].dtype,
+                        arguments[0].shape[-1]) is not None:
+        return None
+    key = _signature((*arguments, None))
+    return _plans.get(key) if key is not None else None
+
+
+def run_plan(plan: _Plan, arguments: tuple, lse_wanted: bool):
+    """decode(*arguments) on a plan that plan_of gave for a call of the same signature: out and
+    lse (None where not lse_wanted); None, launching nothing, where this call's tensors are not
+    all 16-byte aligned (decode() then plans it)."""
+    return _run(plan, (*arguments, None), lse_wanted, aligned_only=True)
 
 
 def _signature(arguments: tuple):
@@ -152,14 +178,16 @@ def _signature(arguments: tuple):
 
 
 class _Launch(NamedTuple):
-    entry: tuple     # (launcher address, its error-string function's address)
     args: list       # DecodeArgs in order, with this plan's call's addresses
     addresses: tuple  # (index in args, index in _run's sources, byte offset) per address
+    prepared: object  # the binding's PreparedDecode: args, taking each call's addresses
 
 
 class _Plan(NamedTuple):
     launches: tuple       # _Launch per decode launch (append, attention, combine)
     workspace: int        # fp32 elements of the split workspace (o_accum, then lse_accum)
+    lse_rows: int         # fp32 elements of softmax_lse
+    inputs: tuple         # indices in _SOURCES of the call's tensors that the launches read
     rotary: bool          # q rotated into a q_rot buffer
     attention: tuple | None  # (forward launcher, fields) where a forward attends over the cache
     mods: Modifiers | None  # the forward's over the cache, with attention
@@ -172,6 +200,8 @@ class _Plan(NamedTuple):
 _SOURCES = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
             "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "sinks",
             "cu_seqlens_q", "o", "softmax_lse", "q_rot", "o_accum", "lse_accum")
+_O, _LSE, _Q_ROT, _O_ACCUM, _LSE_ACCUM = (_SOURCES.index(name) for name in (
+    "o", "softmax_lse", "q_rot", "o_accum", "lse_accum"))
 _ADDRESS_MEMBERS = tuple(name for ctype, name in params.members(params.DECODE_FIELDS)
                          if ctype.endswith("*"))
 
@@ -209,31 +239,62 @@ class _Contiguous(NamedTuple):
         return 0
 
 
-def _run(plan: _Plan, arguments: tuple):
-    """Allocates the call's outputs and workspaces and launches the plan on its tensors."""
+def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: bool = False):
+    """Allocates the call's outputs and workspaces and launches the plan on its tensors: out and
+    lse (None where not lse_wanted: lse then shares one allocation with the workspace). None,
+    launching nothing, where aligned_only and an input's address is not a multiple of 16 bytes
+    (a plan made for aligned tensors; decode() plans such a call apart)."""
     q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, \
         cache_leftpad, block_table, scale, _, _, _, alibi_slopes, sinks, *_, \
         cu_seqlens_q, _, out = arguments
+    inputs = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
+              cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, cu_seqlens_q)
+    addresses, bits = [0] * len(_SOURCES), 0
+    for i in plan.inputs:
+        addresses[i] = address = inputs[i].data_ptr()
+        bits |= address
+    if aligned_only and bits % 16:
+        return None
+    lse_wanted = lse_wanted or plan.attention is not None  # the forward writes lse
     # Uninitialised allocations throughout: the tests poison them, so an element a kernel
     # forgets shows as NaN.
-    out, lse = empty_outputs(q, out)
-    if out.numel() == 0:
-        return out, lse
-    workspace = (torch.empty((plan.workspace,), dtype=torch.float32, device=q.device)
-                 if plan.workspace else None)
-    q_rot = torch.empty_like(q, memory_format=torch.contiguous_format) if plan.rotary else None
-    sources = (q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
-               cache_batch_idx, cache_leftpad, block_table, alibi_slopes, sinks, cu_seqlens_q,
-               out, lse, q_rot, workspace, workspace)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)  # 2 us, not 4 (H200)
+    if lse_wanted:
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
+                          device=q.device)
+        if out.numel() == 0:
+            return out, lse
+        workspace = (torch.empty((plan.workspace,), dtype=torch.float32, device=q.device)
+                     if plan.workspace else None)
+        addresses[_LSE] = lse.data_ptr()
+        addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = (0 if workspace is None
+                                                          else workspace.data_ptr())
+    else:
+        lse = None
+        if out.numel() == 0:
+            return out, lse
+        # one allocation where 2 cost 4.7 to 9 us (H200 host): lse's rows, then the workspace
+        scratch = torch.empty((plan.lse_rows + plan.workspace,), dtype=torch.float32,
+                              device=q.device)
+        addresses[_LSE] = scratch.data_ptr()
+        if plan.workspace:
+            addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = addresses[_LSE] + 4 * plan.lse_rows
+    addresses[_O] = out.data_ptr()
+    q_rot = None
+    if plan.rotary:
+        q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
+        addresses[_Q_ROT] = q_rot.data_ptr()
     device_index = q.get_device()
-    args = None
-    for launch in plan.launches:
-        args = launch.args.copy()
-        for index, source, offset in launch.addresses:
-            args[index] = sources[source].data_ptr() + offset
-        if plan.attention is None or k_new is not None or plan.rotary:
-            host.call_on_device(loader.binding().decode, device_index, (*launch.entry, *args))
+    if plan.attention is None or k_new is not None or plan.rotary:
+        for launch in plan.launches:
+            host.call_on_device(launch.prepared, device_index,
+                                [addresses[source] + offset
+                                 for _, source, offset in launch.addresses])
     if plan.attention is not None:
+        args = plan.launches[-1].args.copy()
+        for index, source, offset in plan.launches[-1].addresses:
+            args[index] = addresses[source] + offset
         forward_launcher, fields = plan.attention
         cache = dict(zip(_CACHE_FIELDS, (args[i] for i in _CACHE_INDICES)))
         forward.run(forward_launcher, q if q_rot is None else q_rot, k_cache, v_cache, out, lse,
@@ -355,8 +416,10 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
         addresses = tuple((params.DecodeArgs._fields.index(name), _SOURCES.index(name),
                            offsets.get(name, 0))
                           for name in _SOURCES if present[name] is not None)
-        planned.append(_Launch((kernel.address, kernel.error_string_address), list(args),
-                               addresses))
+        planned.append(_Launch(
+            list(args), addresses,
+            loader.binding().prepare_decode(kernel.address, kernel.error_string_address,
+                                            [index for index, _, _ in addresses], *args)))
     # A launch's other addresses (a variant's tensors) are this call's, and so are the
     # forward's modifiers over a cache (chunked prefill, whose host time its work hides): such a
     # plan is its call's own.
@@ -365,8 +428,9 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
         planned[0].args[params.DecodeArgs._fields.index(name)] == 0
         for name in _ADDRESS_MEMBERS if name not in set_here)
     # A kept plan holds no tensor of the call that made it (its modifiers' are re-read).
-    return _Plan(tuple(planned), workspace, rotary, attention, mods if attention else None,
-                 band if attention else None, reusable)
+    inputs = tuple(i for i, name in enumerate(_SOURCES[:_O]) if present[name] is not None)
+    return _Plan(tuple(planned), workspace, lse_rows, inputs, rotary, attention,
+                 mods if attention else None, band if attention else None, reusable)
 
 
 def empty_outputs(q, out=None):

@@ -5,6 +5,7 @@ allocation, and the one alignment policy for inputs."""
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 
 import torch
@@ -20,26 +21,59 @@ _warned_copy = False
 
 
 _PLAIN = (int, float, bool, str, type(None))
+# The types of a common call's arguments, keyed without a loop over the values that are no tensor.
+_COMMON = frozenset((torch.Tensor, int, float, bool, type(None), tuple))
+_PLAIN_TYPES = frozenset(_PLAIN)
 
 
-def call_signature(values: tuple, tensor_positions: frozenset):
-    """A call's arguments as the key of what their checks decided: at tensor_positions each
+class Signature:
+    """A call's arguments as the key of what their checks decided: at the tensor positions each
     tensor's type, device, dtype, shape, strides and requires_grad; elsewhere, and for what is no
     tensor there, each value with its type (True and 1 differ to the checks) where it is a number,
     string, None or a tuple of those. None (no key) for any other value, a tensor where a number
     goes among them: the checks read its value."""
-    key = []
-    for position, value in enumerate(values):
-        if isinstance(value, torch.Tensor) and position in tensor_positions:
-            key.append((type(value), value.device, value.dtype, value.shape, value.stride(),
-                        value.requires_grad))
-        elif type(value) in _PLAIN:
-            key.append((type(value), value))
-        elif type(value) is tuple and all(type(v) in _PLAIN for v in value):
-            key.append(tuple((type(v), v) for v in value))
-        else:
-            return None
-    return tuple(key)
+
+    def __init__(self, tensor_positions: tuple, arguments: int):
+        self.tensor_positions = frozenset(tensor_positions)
+        self._tensors = tuple(tensor_positions)
+        self._others = operator.itemgetter(
+            *(i for i in range(arguments) if i not in self.tensor_positions))
+
+    def __call__(self, values: tuple):
+        types = tuple(map(type, values))
+        others = self._others(types)
+        if not _COMMON.issuperset(types) or torch.Tensor in others:
+            return self._general(values)
+        plain = self._others(values)
+        key = [types, plain]
+        if tuple in others:  # window_size: its values' types too
+            for kind, value in zip(others, plain):
+                if kind is tuple:
+                    inner = tuple(map(type, value))
+                    if not _PLAIN_TYPES.issuperset(inner):
+                        return self._general(values)
+                    key.append(inner)
+        for i in self._tensors:
+            t = values[i]
+            if t is not None:
+                if types[i] is not torch.Tensor:
+                    return self._general(values)
+                key.append((t.device, t.dtype, t.shape, t.stride(), t.requires_grad))
+        return tuple(key)
+
+    def _general(self, values: tuple):
+        key = []
+        for position, value in enumerate(values):
+            if isinstance(value, torch.Tensor) and position in self.tensor_positions:
+                key.append((type(value), value.device, value.dtype, value.shape, value.stride(),
+                            value.requires_grad))
+            elif type(value) in _PLAIN:
+                key.append((type(value), value))
+            elif type(value) is tuple and all(type(v) in _PLAIN for v in value):
+                key.append(tuple((type(v), v) for v in value))
+            else:
+                return None
+        return ("general", *key)
 
 
 def problem_sizes(q, k, varlen: tuple = ()) -> tuple[int, int, int, dict]:

@@ -3,9 +3,12 @@ page size, appended to in place, with rotary embeddings; split-KV decoding)."""
 
 from __future__ import annotations
 
+import operator
+from typing import Callable, NamedTuple
+
 import torch
 
-from flashgen import host, op_schema, ops, validate, variant_args
+from flashgen import decode, host, op_schema, ops, validate, variant_args
 from flashgen.modifiers import PLAIN
 
 
@@ -49,51 +52,69 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
              rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink)
     key = None
     if variant is None and variant_tensors is None and not validate.debug_checks():
-        key = host.call_signature(given, _TENSOR_ARGUMENTS)
-    recipe = _recipes.get(key) if key is not None else None
-    if recipe is not None:
-        arguments = tuple(given[value] if from_call else value for from_call, value in recipe)
-    else:
+        key = _signature(given)
+    known = _known.get(key) if key is not None else None
+    if known is None:
         arguments = _arguments(*given, variant, variant_tensors)
-        recipe = _recipe(arguments, given) if key is not None else None
-        if recipe is not None:
-            if len(_recipes) >= MAX_RECIPES:
-                _recipes.clear()
-            _recipes[key] = recipe
-    out, lse = ops.attention_with_kvcache(arguments)
+        out, lse = ops.attention_with_kvcache(arguments)
+        if key is not None:
+            known = _known_call(arguments, given)
+            if known is not None:
+                if len(_known) >= MAX_RECIPES:
+                    _known.clear()
+                _known[key] = known
+    else:
+        arguments = known.arguments(given + known.values)
+        ran = None
+        if known.plan is not None and ops.nothing_sees_ops():
+            ran = decode.run_plan(known.plan, arguments, return_softmax_lse)
+        out, lse = ran if ran is not None else ops.attention_with_kvcache(arguments)
     return (out, lse) if return_softmax_lse else out
 
 
 # The checks of a call depend on its tensors' kinds, shapes and strides and on its other arguments'
 # values alone (the device values' checks run apart, under FLASHGEN_DEBUG_CHECKS=1), so a call of
 # a signature that passed once passes again: its kernel arguments are kept as a recipe, each the
-# same value again or the call's own tensor at a position of its arguments. A call that makes a
-# tensor (an int cache_seqlens, a contiguous copy) keeps none.
+# same value again or the call's own tensor at a position of its arguments, with the plan decode
+# ran it on, which the next such call launches directly. A call that makes a tensor (an int
+# cache_seqlens, a contiguous copy) keeps none.
 MAX_RECIPES = 1024
-_recipes: dict = {}
+_known: dict = {}
 # Where the call's tensors are in `given` (flash_attn_with_kvcache's): q, k_cache, v_cache, k, v,
 # rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
 # alibi_slopes, s_aux, learnable_sink.
 _TENSOR_ARGUMENTS = frozenset((0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 18, 19))
+_signature = host.Signature(tuple(sorted(_TENSOR_ARGUMENTS)), 20)
+
+
+class _Known(NamedTuple):
+    arguments: Callable  # (given + values) -> the op's arguments
+    values: tuple        # the arguments that are none of the call's tensors
+    plan: object         # decode's plan for the call (ops.kvcache_plan), or None
 
 
 def clear_recipes() -> None:
-    _recipes.clear()
+    _known.clear()
 
 
-def _recipe(arguments: tuple, given: tuple) -> tuple | None:
-    """(True, position in given) for each of the arguments that is one of the call's tensors,
-    (False, the value) for the rest; None where a tensor is none of the call's or more than one."""
-    recipe = []
+decode.holds_plans(clear_recipes)
+
+
+def _known_call(arguments: tuple, given: tuple) -> _Known | None:
+    """The recipe of a call that ran: each argument that is one of the call's tensors picked
+    from its position in given, the rest from values; None where a tensor is none of the call's
+    or more than one."""
+    positions, values = [], []
     for value in arguments:
         if isinstance(value, torch.Tensor):
-            positions = [i for i in _TENSOR_ARGUMENTS if given[i] is value]
-            if len(positions) != 1:
+            found = [i for i in _TENSOR_ARGUMENTS if given[i] is value]
+            if len(found) != 1:
                 return None
-            recipe.append((True, positions[0]))
+            positions.append(found[0])
         else:
-            recipe.append((False, value))
-    return tuple(recipe)
+            positions.append(len(given) + len(values))
+            values.append(value)
+    return _Known(operator.itemgetter(*positions), tuple(values), ops.kvcache_plan(arguments))
 
 
 def _arguments(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,

@@ -134,6 +134,14 @@ def _modifiers(softcap, alibi_slopes, attn_bias, sinks, variant, variant_tensors
                      sinks=sinks)
 
 
+def nothing_sees_ops() -> bool:
+    """No torch.compile, torch.jit.trace, dispatch mode or functorch transform is active: what
+    _runs_plain_eager asks of the moment, apart from its tensors."""
+    return not (torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or torch._C._len_torch_dispatch_stack()
+                or torch._C._are_functorch_transforms_active())
+
+
 def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
     """Whether calling a CUDA kernel function directly is indistinguishable from calling its op:
     plain CUDA tensors (no subclass such as FakeTensor, no meta or CPU tensor the op would send
@@ -142,8 +150,7 @@ def _runs_plain_eager(tensors, records_autograd: bool = False) -> bool:
     torch.compile, torch.jit.trace, a dispatch mode (FakeTensorMode, make_fx, FlopCounterMode),
     a functorch transform (vmap). 1.4 to 2.6 us of checks on an H100 host, against 16 to 30 us
     saved."""
-    if (torch.compiler.is_compiling() or torch.jit.is_tracing()
-            or torch._C._len_torch_dispatch_stack() or torch._C._are_functorch_transforms_active()):
+    if not nothing_sees_ops():
         return False
     checks_grad = not records_autograd and torch.is_grad_enabled()
     for t in tensors:
@@ -166,6 +173,17 @@ def attention_with_kvcache(arguments: tuple, out=None):
     else:
         result, lse = torch.ops.flashgen.fwd_kvcache.default(*arguments)
     return (result, lse) if out is None else (out.copy_(result), lse)
+
+
+def kvcache_plan(arguments: tuple):
+    """The plan decode keeps for a call of attention_with_kvcache with these arguments, which
+    calls of their signature may launch directly (decode.run_plan) while nothing_sees_ops();
+    None where decode keeps none or such tensors take the op (a subclass, one that requires
+    grad)."""
+    tensors = [t for t in _kvcache_inputs(arguments) if t is not None]
+    if all(type(t) is torch.Tensor and t.is_cuda and not t.requires_grad for t in tensors):
+        return decode.plan_of(arguments)
+    return None
 
 
 # The tensors whose kind decides where fwd_kvcache runs (the rest are small int32 and rotary

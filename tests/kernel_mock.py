@@ -59,7 +59,15 @@ def install(monkeypatch) -> SimpleNamespace:
         monkeypatch.setattr(owner, name, _on_the_cpu(getattr(owner, name)))
 
     record = SimpleNamespace(launches=[], fwd_plans=[], bwd_choices=[], decode_plans=[])
-    binding = SimpleNamespace(**{
+    def prepare_decode(address, error_string, patched, *fields):
+        def launch(*addresses_and_stream):
+            filled = list(fields)
+            for index, address_ in zip(patched, addresses_and_stream[:-1]):
+                filled[index] = address_
+            record.launches.append(("decode", (address, error_string, *filled)))
+        return launch
+
+    binding = SimpleNamespace(prepare_decode=prepare_decode, **{
         entry: (lambda *args, entry=entry: record.launches.append((entry, args[:-1])))
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)

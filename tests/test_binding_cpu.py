@@ -505,3 +505,38 @@ def test_a_repeated_decode_step_reuses_its_plan_with_each_calls_tensors(binding,
     addresses = set(second_expected) | allocated
     assert ({k: v for k, v in first.items() if k not in addresses}
             == {k: v for k, v in second.items() if k not in addresses})
+
+
+def test_a_prepared_launch_sets_its_addresses_and_keeps_every_other_field(built_binding):
+    """prepare_decode fills DecodeParams once; each call sets the patched pointer members (in the
+    order given) and launches on the stream it ends with."""
+    members = [name for name, _ in DecodeParams._fields_]
+    kinds = dict(DecodeParams._fields_)
+    values = [8 * (i + 1) if kinds[name] is ctypes.c_void_p
+              else float(i) if kinds[name] is ctypes.c_float else i
+              for i, name in enumerate(members)]
+    launcher = RecordingLauncher(DecodeParams)
+    prepared = built_binding.prepare_decode(launcher.address, launcher.error_string_address,
+                                            [members.index("o"), members.index("q")], *values)
+    for o, q in ((4096, 8192), (12288, 16384)):
+        prepared(o, q, 77)
+    (first, stream), (second, _) = launcher.launches
+    assert stream == 77
+    assert (first.o, first.q, second.o, second.q) == (4096, 8192, 12288, 16384)
+    unpatched = {name: value for name, value in zip(members, values) if name not in ("o", "q")}
+    for launched in (first, second):
+        assert {name: fields(launched)[name] for name in unpatched} == unpatched
+
+
+def test_a_prepared_launch_refuses_what_it_cannot_set(built_binding):
+    members = [name for name, _ in DecodeParams._fields_]
+    launcher = RecordingLauncher(DecodeParams)
+    values = [0] * len(members)
+    with pytest.raises(ValueError, match="no pointer member"):
+        built_binding.prepare_decode(launcher.address, launcher.error_string_address,
+                                     [members.index("batch")], *values)
+    prepared = built_binding.prepare_decode(launcher.address, launcher.error_string_address,
+                                            [members.index("q")], *values)
+    with pytest.raises(ValueError, match="takes its 1 patched addresses, then the stream; got 1"):
+        prepared(77)
+    assert launcher.launches == []

@@ -100,3 +100,86 @@ def test_debug_checks_check_every_call(calls, monkeypatch):
     for _ in range(2):
         kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
     assert calls["checked"] == 2
+
+
+# --- a known call launches decode's plan directly (tests/kernel_mock.py's kernels) ------------
+
+@pytest.fixture
+def launched(monkeypatch):
+    """The real call path down to the binding, whose launches record their arguments: the
+    decode launches' fields by name, and how many calls went through ops.attention_with_kvcache
+    (the checked op path)."""
+    from codegen import params
+    from tests import kernel_mock
+
+    record = kernel_mock.install(monkeypatch)
+    through_ops, real = [], kvcache.ops.attention_with_kvcache
+    monkeypatch.setattr(kvcache.ops, "attention_with_kvcache",
+                        lambda *a, **k: through_ops.append(1) or real(*a, **k))
+
+    def fields():
+        launches = [dict(zip(params.DecodeArgs._fields, args[2:]))
+                    for entry, args in record.launches if entry == "decode"]
+        record.launches.clear()
+        return launches
+
+    return fields, through_ops
+
+
+def test_a_known_call_launches_the_plan_with_its_own_tensors(launched):
+    fields, through_ops = launched
+    first, second = step(), step()
+    kvcache.flash_attn_with_kvcache(*first[:3], cache_seqlens=first[3], causal=True)
+    (planned,) = fields()
+    out = kvcache.flash_attn_with_kvcache(*second[:3], cache_seqlens=second[3], causal=True)
+    (direct,) = fields()
+    assert len(through_ops) == 1
+    q, k_cache, v_cache, lengths = second
+    own = {"q": q.data_ptr(), "k": k_cache.data_ptr(), "v": v_cache.data_ptr(),
+           "cache_seqlens": lengths.data_ptr(), "o": out.data_ptr()}
+    assert {name: direct[name] for name in own} == own
+    allocated = {"softmax_lse", "o_accum", "lse_accum"}
+    assert ({n: v for n, v in planned.items() if n not in {*own, *allocated}}
+            == {n: v for n, v in direct.items() if n not in {*own, *allocated}})
+
+
+def test_without_lse_a_known_call_allocates_lse_with_the_split_workspace(launched):
+    """The call's lse rows, then the splits' o_accum and lse_accum, in one allocation."""
+    fields, _ = launched
+    q, k_cache, v_cache, lengths = step()
+    for _ in range(2):
+        out = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                              num_splits=3)
+    planned, direct = fields()
+    assert isinstance(out, torch.Tensor) and direct["num_splits"] == 3
+    lse_rows = q.shape[0] * q.shape[2] * q.shape[1]
+    assert direct["o_accum"] == direct["softmax_lse"] + 4 * lse_rows
+    assert (direct["lse_accum"] - direct["o_accum"]
+            == planned["lse_accum"] - planned["o_accum"] == 4 * 3 * lse_rows * q.shape[-1])
+
+
+def test_a_known_call_on_unaligned_tensors_is_planned_apart(launched):
+    """The same shapes and strides at an address that is no multiple of 16 bytes: the checked
+    path copies q to an aligned one."""
+    fields, through_ops = launched
+    q, k_cache, v_cache, lengths = step()
+    kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    assert shifted.stride() == q.stride() and shifted.data_ptr() % 16
+    kvcache.flash_attn_with_kvcache(shifted, k_cache, v_cache, cache_seqlens=lengths)
+    assert len(through_ops) == 2
+    assert [launch["q"] % 16 for launch in fields()] == [0, 0]
+
+
+def test_a_known_call_goes_through_the_op_where_something_sees_ops(launched, monkeypatch):
+    """torch.compile, a dispatch mode or a functorch transform sees the op, as it does for any
+    call."""
+    fields, through_ops = launched
+    q, k_cache, v_cache, lengths = step()
+    kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    monkeypatch.setattr(kvcache.ops, "nothing_sees_ops", lambda: False)
+    with torch.library._scoped_library("flashgen", "IMPL") as library:
+        # the dispatcher sends the mock's tensors to the CPU key
+        library.impl("fwd_kvcache", kvcache.ops._fwd_kvcache_cuda, "CPU")
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert len(through_ops) == 2 and len(fields()) == 2

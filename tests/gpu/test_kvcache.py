@@ -319,6 +319,33 @@ def test_cache_batch_idx_picks_rows(seqlen_q, poisoned_allocations):
     assert_close_fa2(out, ref, same_dtype)
 
 
+@pytest.mark.parametrize("lse", [False, True], ids=["out", "out_lse"])
+@pytest.mark.parametrize("page_size", [None, 16], ids=["dense", "page16"])
+def test_a_decode_loop_attends_over_every_key_at_every_step(page_size, lse,
+                                                            poisoned_allocations):
+    """Steps of one signature, each with tensors of its own: the first is checked and planned,
+    the others launch its plan directly (kvcache.py's known calls). Each appends a token and
+    attends over every key so far; the split's workspace shares lse's allocation when lse is not
+    returned."""
+    dtype, batch, capacity, heads, heads_kv, head_dim = torch.bfloat16, 3, 512, 8, 2, 128
+    lengths = [0, 37, 300]
+    cache = Cache(batch, capacity, heads_kv, head_dim, dtype, lengths, page_size)
+    for _ in range(4):
+        q = torch.randn(batch, 1, heads, head_dim, device="cuda").to(dtype)
+        k_new, v_new = (torch.randn(batch, 1, heads_kv, head_dim, device="cuda").to(dtype)
+                        for _ in range(2))
+        seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+        result = flash_attn_with_kvcache(q, cache.k, cache.v, k_new, v_new,
+                                         cache_seqlens=seqlens, block_table=cache.block_table,
+                                         causal=True, return_softmax_lse=lse)
+        lengths = [n + 1 for n in lengths]
+        ref, ref_lse, same_dtype = reference(q, cache.logical(cache.k), cache.logical(cache.v),
+                                             lengths, True)
+        assert_close_fa2(result[0] if lse else result, ref, same_dtype)
+        if lse:
+            assert_close_fa2(result[1], ref_lse, ref_lse, name="lse", eps=1e-4)
+
+
 def test_decode_steps_replay_in_a_cuda_graph_with_new_lengths_and_pages():
     """Capture one decode step (append + attend, paged, split) and replay it with new
     cache_seqlens and a new block table written into the captured tensors."""
