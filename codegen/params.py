@@ -206,19 +206,25 @@ BWD_FIELDS = (
 
 # Attention over a KV cache (the mma family's decode kind): q holds the new tokens' queries, k and
 # v the cache, seqlen_k its capacity per sequence. One launch may append the new keys and values
-# (rotated) first, and split the keys over several blocks whose partial results a second kernel
-# combines.
+# (rotated) first, and split the keys over several blocks, the last of which to finish combines
+# their partial results.
 DECODE_FIELDS = (
     _tensor("o", "void*", "(batch, seqlen_q, heads, head_dim)"),
     Field("softmax_lse", "float*", "(batch, heads, seqlen_q), contiguous, natural log"),
     Field("num_splits", "int", "blocks that share each (sequence, KV head)'s keys, each an equal "
-          "share of its key blocks; above 1 they write o_accum and lse_accum and a second "
-          "kernel combines them into o and softmax_lse; 0: append only (the hopper forward "
-          "attends, for chunked prefill)", default=1),
+          "share of its key blocks; above 1 they write o_accum and lse_accum and the last "
+          "of them to finish combines them into o and softmax_lse; 0: append only (the "
+          "hopper forward attends, for chunked prefill)", default=1),
     Field("o_accum", "float*", "(num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: "
           "each split's normalised output", default=0),
     Field("lse_accum", "float*", "(num_splits, batch, heads, seqlen_q) fp32 workspace: each "
           "split's lse (-inf where it saw no key)", default=0),
+    Field("split_counters", "int*", "with num_splits > 1: one counter per (query block, "
+          "sequence and KV head) of the grid, 0 before the launch and after it (the block "
+          "that finds itself the last of its splits combines them and resets its counter)",
+          default=0),
+    Field("split_counter_count", "int", "split_counters' length; a launch that needs more "
+          "fails", default=0),
     Field("min_seqlen_q", "int", "a variable-length batch: this launch attends for the "
           "sequences of min_seqlen_q to seqlen_q queries and leaves the others' rows alone (a "
           "batch mixing prefill and decode runs as two launches, each on its own tile and "

@@ -184,9 +184,10 @@ class _Launch(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    launches: tuple       # _Launch per decode launch (append, attention, combine)
+    launches: tuple       # _Launch per decode launch (append, then split attention)
     workspace: int        # fp32 elements of the split workspace (o_accum, then lse_accum)
     lse_rows: int         # fp32 elements of softmax_lse
+    counters: int         # split counters the launches need (split_counters)
     inputs: tuple         # indices in _SOURCES of the call's tensors that the launches read
     rotary: bool          # q rotated into a q_rot buffer
     attention: tuple | None  # (forward launcher, fields) where a forward attends over the cache
@@ -199,9 +200,10 @@ class _Plan(NamedTuple):
 # workspaces) in this order.
 _SOURCES = ("q", "k", "v", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
             "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "sinks",
-            "cu_seqlens_q", "o", "softmax_lse", "q_rot", "o_accum", "lse_accum")
-_O, _LSE, _Q_ROT, _O_ACCUM, _LSE_ACCUM = (_SOURCES.index(name) for name in (
-    "o", "softmax_lse", "q_rot", "o_accum", "lse_accum"))
+            "cu_seqlens_q", "o", "softmax_lse", "q_rot", "o_accum", "lse_accum",
+            "split_counters")
+_O, _LSE, _Q_ROT, _O_ACCUM, _LSE_ACCUM, _COUNTERS = (_SOURCES.index(name) for name in (
+    "o", "softmax_lse", "q_rot", "o_accum", "lse_accum", "split_counters"))
 _ADDRESS_MEMBERS = tuple(name for ctype, name in params.members(params.DECODE_FIELDS)
                          if ctype.endswith("*"))
 
@@ -286,6 +288,10 @@ def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: b
         q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
         addresses[_Q_ROT] = q_rot.data_ptr()
     device_index = q.get_device()
+    counters = None
+    if plan.counters:
+        counters = split_counters(q.device, device_index, plan.counters)
+        addresses[_COUNTERS] = counters.data_ptr()
     if plan.attention is None or k_new is not None or plan.rotary:
         for launch in plan.launches:
             host.call_on_device(launch.prepared, device_index,
@@ -301,6 +307,23 @@ def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: b
                     scale, plan.band, {**fields, **cache}, batch=args[_BATCH],
                     seqlen_k=args[_SEQLEN_K], mods=plan.mods)
     return out, lse
+
+
+def split_counters(device: torch.device, device_index: int, count: int) -> torch.Tensor:
+    """At least `count` int32 counters at 0 for a split launch on the device's current stream,
+    which the launch leaves at 0 again: one buffer per stream (the launches on a stream run one
+    after the other), and a CUDA graph's own, zeroed as it replays, in a capture."""
+    if host.stream_capturing():
+        return torch.zeros((count,), dtype=torch.int32, device=device)
+    key = (device_index, host._current_stream(device_index))
+    counters = _split_counters.get(key)
+    if counters is None or counters.numel() < count:
+        counters = torch.zeros((max(count, 1024),), dtype=torch.int32, device=device)
+        _split_counters[key] = counters
+    return counters
+
+
+_split_counters: dict = {}
 
 
 def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,
@@ -382,8 +405,13 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
     workspace = most_splits * lse_rows * (head_dim + 1) if most_splits > 1 else 0
     rotary = rotary_cos is not None
     o = out if out is not None else _Contiguous(tuple(q.shape))
-    planned = []
+    planned, most_counters = [], 0
     for kernel, min_seqlen_q, launch_seqlen_q, splits in launches:
+        # A counter per (query block, sequence and KV head) of a split launch's grid, at most a
+        # dense batch's (packed_blocks.cuh's DecodeBlocks)
+        counters = (heads_kv * batch * -(-launch_seqlen_q * group // kernel.spec.tile.block_m)
+                    if splits > 1 else 0)
+        most_counters = max(most_counters, counters)
         args = params.decode_args(
             q=q, k=k_cache, v=v_cache, o=o, softmax_lse=0, batch=batch,
             heads=heads, heads_kv=heads_kv, seqlen_q=launch_seqlen_q, seqlen_k=capacity,
@@ -391,7 +419,7 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
             min_seqlen_q=min_seqlen_q,
             cu_seqlens_q=cu_seqlens_q.data_ptr() if packed else 0,
             q_view_rows=q.shape[1] if packed else 0,
-            o_accum=0, lse_accum=0,
+            o_accum=0, lse_accum=0, split_counters=0, split_counter_count=counters,
             cache_seqlens=0 if cache_seqlens is None else cache_seqlens.data_ptr(),
             cache_batch_idx=0 if cache_batch_idx is None else cache_batch_idx.data_ptr(),
             cache_leftpad=0 if cache_leftpad is None else cache_leftpad.data_ptr(),
@@ -411,7 +439,8 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
                    "alibi_slopes": alibi_slopes, "sinks": sinks, "cu_seqlens_q": cu_seqlens_q,
                    # the outputs and workspaces, allocated per call
                    "o": True, "softmax_lse": True, "q_rot": rotary or None,
-                   "o_accum": workspace or None, "lse_accum": workspace or None}
+                   "o_accum": workspace or None, "lse_accum": workspace or None,
+                   "split_counters": counters or None}
         offsets = {"lse_accum": 4 * most_splits * lse_rows * head_dim}
         addresses = tuple((params.DecodeArgs._fields.index(name), _SOURCES.index(name),
                            offsets.get(name, 0))
@@ -429,7 +458,7 @@ def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_
         for name in _ADDRESS_MEMBERS if name not in set_here)
     # A kept plan holds no tensor of the call that made it (its modifiers' are re-read).
     inputs = tuple(i for i, name in enumerate(_SOURCES[:_O]) if present[name] is not None)
-    return _Plan(tuple(planned), workspace, lse_rows, inputs, rotary, attention,
+    return _Plan(tuple(planned), workspace, lse_rows, most_counters, inputs, rotary, attention,
                  mods if attention else None, band if attention else None, reusable)
 
 

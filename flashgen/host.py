@@ -18,6 +18,8 @@ _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 # makes moot (0.4 us per call on a CPU). Not cached: torch.cuda.set_device may change it any time.
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 _warned_copy = False
+# Whether the current stream is capturing a CUDA graph (CUDA builds of torch only).
+stream_capturing = torch.cuda.is_current_stream_capturing
 
 
 _PLAIN = (int, float, bool, str, type(None))

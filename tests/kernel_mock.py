@@ -55,7 +55,7 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(torch.Tensor, "device", property(lambda t: cuda0))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
-    for owner, name in ALLOCATORS:
+    for owner, name in (*ALLOCATORS, (torch, "zeros")):
         monkeypatch.setattr(owner, name, _on_the_cpu(getattr(owner, name)))
 
     record = SimpleNamespace(launches=[], fwd_plans=[], bwd_choices=[], decode_plans=[])
@@ -73,6 +73,7 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(loader, "binding", lambda: binding)
     monkeypatch.setattr(host, "_current_stream", lambda index: 0)
     monkeypatch.setattr(host, "_current_device", lambda: 0)
+    monkeypatch.setattr(host, "stream_capturing", lambda: False)
     monkeypatch.setattr(host, "device_resources", lambda index: (108, 40 << 20))  # an A100's
     fwd = {mask: launcher("fwd", mask) for mask in ("none", "causal")}
     bwd = {mask: launcher("bwd", mask) for mask in ("none", "causal")}

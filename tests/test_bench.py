@@ -489,10 +489,12 @@ def _serving_row(new, page, ours, fa2=None, cudnn=None, length=32768):
                                          "head_dims": (128,), "heads": ((32, 8),),
                                          "batches": (8,), "cache_lengths": (length,),
                                          "new_tokens": (new,), "page_sizes": (page,)}))
-    row = dict(cell, flashgen={"us": ours, "bandwidth": cell["kv_bytes"] / (ours * 1e-6) / 3e12})
+    # eager calls: flashgen's twice its graph replay's time, the peers' as their replays'
+    row = dict(cell, flashgen={"us": ours, "bandwidth": cell["kv_bytes"] / (ours * 1e-6) / 3e12,
+                               "eager_us": 2 * ours})
     if page == 0:
-        row.update(FLASH_ATTENTION={"us": fa2, "bandwidth": 0.5},
-                   CUDNN_ATTENTION={"us": cudnn, "bandwidth": 0.9})
+        row.update(FLASH_ATTENTION={"us": fa2, "bandwidth": 0.5, "eager_us": fa2},
+                   CUDNN_ATTENTION={"us": cudnn, "bandwidth": 0.9, "eager_us": cudnn})
     return row
 
 
@@ -516,11 +518,13 @@ def test_serving_summary_compares_paged_cells_with_the_contiguous_peers():
     assert s["vs_faster_peer"]["n"] == 3
     assert s["vs_faster_peer"]["min"] == pytest.approx(110.0 / 105.0)
     assert s["vs_faster_peer"]["max"] == pytest.approx(200.0 / 101.0)
+    assert s["vs_faster_peer_eager"]["min"] == pytest.approx(110.0 / 210.0)
     assert s["page16_time_vs_dense"]["median"] == pytest.approx(1.05)
     assert s["new_tokens_time_vs_one"]["median"] == pytest.approx(1.01)
     text = serving.markdown({"mode": "decode", "copy_rate": 3e12, "environment": {},
                              "rows": rows}, "flashgen bench --mode decode")
     assert "`flashgen bench --mode decode`" in text and text.count("| bf16 | 128 |") == 3
+    assert "| 100.0 (" in text and "| 200.0 | 120.0 (" in text  # graph (bandwidth), then eager
 
 
 def test_serving_modes_run_alone():

@@ -93,6 +93,7 @@ def binding(built_binding, monkeypatch):
     monkeypatch.setattr(loader, "_binding", built_binding)
     monkeypatch.setattr(host, "_current_stream", lambda device_index: 77)
     monkeypatch.setattr(host, "_current_device", lambda: -1)  # a CPU tensor's get_device()
+    monkeypatch.setattr(host, "stream_capturing", lambda: False)
 
 
 def distinct_strides(*shapes):
@@ -396,7 +397,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     cos, sin = torch.empty(capacity, rotary_half), torch.empty(capacity, rotary_half)
     seqlens = torch.zeros(BATCH, dtype=torch.int32)
     rows = None if paged else torch.zeros(BATCH, dtype=torch.int32)
-    launcher = RecordingLauncher(DecodeParams, spec=SimpleNamespace(tile=None))
+    launcher = RecordingLauncher(DecodeParams, tile=SimpleNamespace(block_m=64))
     monkeypatch.setattr(decode, "_plan", lambda *_: (launcher, 264))
     monkeypatch.setattr(decode, "_padded_head_dim", lambda *_: None)  # its own kernels
     made, empty_like = record_empty(monkeypatch), torch.empty_like
@@ -409,6 +410,7 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
     assert stream == 77
     (lse_made, workspace), (out_made, q_rot) = made, made_like
     assert out_made is out and lse_made is lse
+    counters = decode._split_counters[(-1, 77)]  # a CPU tensor's device index, the stream
     rows_per_split = BATCH * HEADS * SEQLEN_Q
     # o_accum (splits, batch, heads, seqlen_q, 64), then lse_accum (splits, batch, heads, seqlen_q)
     assert workspace.shape == (splits * rows_per_split * 65,) and q_rot.shape == q.shape
@@ -425,7 +427,10 @@ def test_decode_launch_fills_every_field(binding, monkeypatch, paged):
         "block_table_batch_stride": 8 if paged else 0, "page_size": page if paged else 0,
         "seqlen_new": new_tokens, "rotary_cos": cos.data_ptr(), "rotary_sin": sin.data_ptr(),
         "rotary_dim": 2 * rotary_half, "rotary_interleaved": 0, "min_seqlen_q": 0,
-        "q_view_rows": 0}
+        "q_view_rows": 0,
+        # one per (query block, sequence and KV head), the stream's, at 0
+        "split_counters": counters.data_ptr(), "split_counter_count": BATCH * HEADS_KV}
+    assert not counters.any()
 
 
 def test_a_mixed_varlen_batch_launches_its_prefill_and_decode_sequences_apart(binding,

@@ -346,6 +346,31 @@ def test_a_decode_loop_attends_over_every_key_at_every_step(page_size, lse,
             assert_close_fa2(result[1], ref_lse, ref_lse, name="lse", eps=1e-4)
 
 
+def test_split_calls_on_two_streams_at_once_each_combine_their_own_splits(poisoned_allocations):
+    """The last split of each block to finish combines, counted per stream: calls on two streams
+    that overlap each get their own result, and every counter is back at 0 after them."""
+    from flashgen import decode
+
+    dtype, lengths = torch.bfloat16, [4000, 9, 2500]
+    cache = Cache(3, 4096, 2, 128, dtype, lengths)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    queries = [torch.randn(3, 1, 8, 128, device="cuda").to(dtype) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in queries]
+    results = []
+    for q, stream in zip(queries, streams):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            results.append([flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens,
+                                                    num_splits=7) for _ in range(20)])
+    torch.cuda.synchronize()
+    for q, outs in zip(queries, results):
+        ref, _, same_dtype = reference(q, cache.k, cache.v, lengths, False)
+        for out in outs:
+            assert_close_fa2(out, ref, same_dtype)
+    assert len(decode._split_counters) >= 2
+    assert not any(counters.any() for counters in decode._split_counters.values())
+
+
 def test_decode_steps_replay_in_a_cuda_graph_with_new_lengths_and_pages():
     """Capture one decode step (append + attend, paged, split) and replay it with new
     cache_seqlens and a new block table written into the captured tensors."""

@@ -11,13 +11,11 @@
 #include <climits>
 #include <cstdint>
 #include <cuda_runtime.h>
+#include <mutex>
 #include <tuple>
 #include <type_traits>
-#ifdef FLASHGEN_LAUNCH_ONLY
-#include <mutex>
 #include <utility>
 #include <vector>
-#endif
 
 #include "flashgen/common/packed_blocks.cuh"
 #include "flashgen/common/params.h"
@@ -82,8 +80,9 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem
       values);
 }
 
-// Above 48 KB of dynamic shared memory a kernel must opt in; cheap, and per device, so done on
-// every launch.
+// Above 48 KB of dynamic shared memory a kernel must opt in, once per device: the (kernel,
+// device, bytes) that did are remembered, since a driver call per launch is host time a decode
+// step pays on every layer.
 template <class... Params>
 cudaError_t opt_in_shared_memory(void (*kernel)(Params...), int bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
@@ -92,7 +91,22 @@ cudaError_t opt_in_shared_memory(void (*kernel)(Params...), int bytes) {
       err != cudaSuccess) {
     return err;
   }
-  return cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::vector<std::tuple<const void*, int, int>> opted;
+  const std::tuple<const void*, int, int> key(function, device, bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& known : opted) {
+    if (known == key) return cudaSuccess;
+  }
+  if (cudaError_t err =
+          cudaFuncSetAttribute(function, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+      err != cudaSuccess) {
+    return err;
+  }
+  opted.push_back(key);
+  return cudaSuccess;
 }
 
 // A 1-D grid of `blocks`, or an error if it does not fit one.

@@ -234,14 +234,20 @@ struct DecodeParams : AttentionParams {
   // (batch, heads, seqlen_q), contiguous, natural log
   float* softmax_lse;
   // blocks that share each (sequence, KV head)'s keys, each an equal share of its key blocks; above
-  // 1 they write o_accum and lse_accum and a second kernel combines them into o and softmax_lse; 0:
-  // append only (the hopper forward attends, for chunked prefill)
+  // 1 they write o_accum and lse_accum and the last of them to finish combines them into o and
+  // softmax_lse; 0: append only (the hopper forward attends, for chunked prefill)
   int num_splits;
   // (num_splits, batch, heads, seqlen_q, head_dim) fp32 workspace: each split's normalised output
   float* o_accum;
   // (num_splits, batch, heads, seqlen_q) fp32 workspace: each split's lse (-inf where it saw no
   // key)
   float* lse_accum;
+  // with num_splits > 1: one counter per (query block, sequence and KV head) of the grid, 0 before
+  // the launch and after it (the block that finds itself the last of its splits combines them and
+  // resets its counter)
+  int* split_counters;
+  // split_counters' length; a launch that needs more fails
+  int split_counter_count;
   // a variable-length batch: this launch attends for the sequences of min_seqlen_q to seqlen_q
   // queries and leaves the others' rows alone (a batch mixing prefill and decode runs as two
   // launches, each on its own tile and split); 0: every sequence
@@ -321,8 +327,9 @@ struct DecodeParams : AttentionParams {
   X(attn_bias_grad) X(q_view_rows) X(kv_view_rows)
 #define FLASHGEN_DECODEPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) \
   X(o_batch_stride) X(o_row_stride) X(o_head_stride) X(softmax_lse) X(num_splits) X(o_accum) \
-  X(lse_accum) X(min_seqlen_q) X(q_view_rows) X(cache_seqlens) X(cache_batch_idx) \
-  X(cache_leftpad) X(block_table) X(block_table_batch_stride) X(page_size) X(seqlen_new) X(k_new) \
-  X(k_new_batch_stride) X(k_new_row_stride) X(k_new_head_stride) X(v_new) X(v_new_batch_stride) \
-  X(v_new_row_stride) X(v_new_head_stride) X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) \
-  X(q_rot_head_stride) X(rotary_cos) X(rotary_sin) X(rotary_dim) X(rotary_interleaved)
+  X(lse_accum) X(split_counters) X(split_counter_count) X(min_seqlen_q) X(q_view_rows) \
+  X(cache_seqlens) X(cache_batch_idx) X(cache_leftpad) X(block_table) X(block_table_batch_stride) \
+  X(page_size) X(seqlen_new) X(k_new) X(k_new_batch_stride) X(k_new_row_stride) \
+  X(k_new_head_stride) X(v_new) X(v_new_batch_stride) X(v_new_row_stride) X(v_new_head_stride) \
+  X(q_rot) X(q_rot_batch_stride) X(q_rot_row_stride) X(q_rot_head_stride) X(rotary_cos) \
+  X(rotary_sin) X(rotary_dim) X(rotary_interleaved)

@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   };
 
   if (p.num_splits > 1) {
-    // fp32 partials straight from the accumulators; the combine kernel reads them once.
+    // fp32 partials straight from the accumulators; the last split to finish reads them once.
     const int64_t split_offset = int64_t(split) * p.heads * split_rows(p);
     Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
     CUTE_UNROLL
@@ -274,6 +274,13 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
         const int col = get<1>(coords(r, c));
         if (col < kHeadDim) out[col] = o(r, c);
       }
+    }
+    if (!last_split_to_finish(p)) return;
+    const int rows_here = min(kBlockM, packed_rows - row0);
+    for (int r = tid / 32; r < rows_here; r += Traits::kWarps) {
+      const int row = row0 + r;
+      combine_split_row<Element, kHeadDim>(p, seq, head_kv * group + row % group, row / group,
+                                           stats_row(row), tid % 32);
     }
     return;
   }

@@ -1,7 +1,7 @@
-// Host side of one decode specialisation: append (when the call brings new keys), split-KV
-// attention (unless num_splits is 0), combine (when split). Every kernel in the caller's stream;
-// no device reads, no allocation, so a CUDA graph replays it with new cache_seqlens and block
-// tables.
+// Host side of one decode specialisation: append (when the call brings new keys), then split-KV
+// attention whose last split to finish combines (unless num_splits is 0). Every kernel in the
+// caller's stream; no device reads, no allocation, so a CUDA graph replays it with new
+// cache_seqlens and block tables.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,13 +19,27 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
   using Mask = typename DecodeMask<SpecMask>::type;
   using ScoreMod = typename DecodeScoreMod<SpecScoreMod>::type;
   using Element = typename Traits::Element;
+  using Blocks = DecodeBlocks<Traits::kBlockM>;
   if (p.batch == 0 || p.seqlen_q == 0) return cudaSuccess;
+  // The attention's grid, checked before anything launches.
+  dim3 grid;
+  if (p.num_splits > 0) {
+    if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
+    if (cudaError_t err = check_grid(Blocks::grid_x(p)); err != cudaSuccess) return err;
+    if (p.num_splits > 65535 || Blocks::grid_z(p) > 65535) return cudaErrorInvalidConfiguration;
+    grid = dim3(unsigned(Blocks::grid_x(p)), unsigned(p.num_splits),
+                unsigned(Blocks::grid_z(p)));
+    if (p.num_splits > 1 && (p.split_counters == nullptr ||
+                             int64_t(grid.x) * grid.z > p.split_counter_count)) {
+      return cudaErrorInvalidValue;  // a counter per (x, z) of the grid: split_combine.cuh
+    }
+  }
   DecodeParams attention = p;
   if (p.k_new != nullptr && (p.seqlen_new > 0 || p.rotary_dim > 0)) {
-    const dim3 grid(unsigned(max(p.seqlen_new, p.rotary_dim > 0 ? p.seqlen_q : 0)),
-                    unsigned(p.batch));
+    const dim3 append_grid(unsigned(max(p.seqlen_new, p.rotary_dim > 0 ? p.seqlen_q : 0)),
+                           unsigned(p.batch));
     if (cudaError_t err = launch(append_kv_kernel<Element, Traits::kHeadDim, Mask::kHidesKeys>,
-                                 grid, 128, 0, stream, p);
+                                 append_grid, 128, 0, stream, p);
         err != cudaSuccess) {
       return err;
     }
@@ -36,31 +50,13 @@ cudaError_t launch_decode(const DecodeParams& p, cudaStream_t stream) {
       attention.q_head_stride = p.q_rot_head_stride;
     }
   }
-
   if (p.num_splits == 0) return cudaSuccess;  // append only: the hopper forward attends
 
-  if (p.cu_seqlens_q != nullptr && p.q_view_rows <= 0) return cudaErrorInvalidValue;
-  using Blocks = DecodeBlocks<Traits::kBlockM>;
-  if (cudaError_t err = check_grid(Blocks::grid_x(p)); err != cudaSuccess) return err;
-  const dim3 grid(unsigned(Blocks::grid_x(p)), unsigned(p.num_splits),
-                  unsigned(Blocks::grid_z(p)));
-  if (grid.y > 65535 || Blocks::grid_z(p) > 65535) return cudaErrorInvalidConfiguration;
   auto kernel = decode_kernel<Traits, Mask, ScoreMod>;
   if (cudaError_t err = opt_in_shared_memory(kernel, Traits::kSmemBytes); err != cudaSuccess) {
     return err;
   }
-  if (cudaError_t err =
-          launch(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, attention);
-      err != cudaSuccess) {
-    return err;
-  }
-
-  if (p.num_splits > 1) {
-    const dim3 grid = combine_grid(p);
-    if (grid.x == 0) return cudaErrorInvalidConfiguration;
-    return launch(combine_splits_kernel<Element, Traits::kHeadDim>, grid, 128, 0, stream, p);
-  }
-  return cudaSuccess;
+  return launch(kernel, grid, Traits::kThreads, Traits::kSmemBytes, stream, attention);
 }
 
 }  // namespace flashgen
