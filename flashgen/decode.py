@@ -262,35 +262,29 @@ def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: b
     # forgets shows as NaN.
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # 2 us, not 4 (H200)
+    lse = (torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
+                       device=q.device) if lse_wanted else None)
+    if out.numel() == 0:
+        return out, lse
+    device_index = q.get_device()
+    stream = stream_of(device_index)
+    # What the launch alone reads and writes (the split workspace, lse's rows where the caller
+    # wants none) lives in the stream's scratch: no allocation per call (2 to 5 us each, H200).
+    scratch = plan.workspace + (0 if lse_wanted else plan.lse_rows)
+    if scratch:
+        address = stream_scratch(q.device, stream, scratch).data_ptr()
+        addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = address
+        addresses[_LSE] = address + 4 * plan.workspace
     if lse_wanted:
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
-                          device=q.device)
-        if out.numel() == 0:
-            return out, lse
-        workspace = (torch.empty((plan.workspace,), dtype=torch.float32, device=q.device)
-                     if plan.workspace else None)
         addresses[_LSE] = lse.data_ptr()
-        addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = (0 if workspace is None
-                                                          else workspace.data_ptr())
-    else:
-        lse = None
-        if out.numel() == 0:
-            return out, lse
-        # one allocation where 2 cost 4.7 to 9 us (H200 host): lse's rows, then the workspace
-        scratch = torch.empty((plan.lse_rows + plan.workspace,), dtype=torch.float32,
-                              device=q.device)
-        addresses[_LSE] = scratch.data_ptr()
-        if plan.workspace:
-            addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = addresses[_LSE] + 4 * plan.lse_rows
     addresses[_O] = out.data_ptr()
     q_rot = None
     if plan.rotary:
         q_rot = torch.empty_like(q, memory_format=torch.contiguous_format)
         addresses[_Q_ROT] = q_rot.data_ptr()
-    device_index = q.get_device()
     counters = None
     if plan.counters:
-        counters = split_counters(q.device, device_index, plan.counters)
+        counters = split_counters(q.device, stream, plan.counters)
         addresses[_COUNTERS] = counters.data_ptr()
     if plan.attention is None or k_new is not None or plan.rotary:
         for launch in plan.launches:
@@ -309,21 +303,43 @@ def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: b
     return out, lse
 
 
-def split_counters(device: torch.device, device_index: int, count: int) -> torch.Tensor:
-    """At least `count` int32 counters at 0 for a split launch on the device's current stream,
-    which the launch leaves at 0 again: one buffer per stream (the launches on a stream run one
-    after the other), and a CUDA graph's own, zeroed as it replays, in a capture."""
+def stream_of(device_index: int):
+    """The key of the device's current stream for split_counters and stream_scratch: None while
+    it captures a CUDA graph, whose buffers are its own."""
     if host.stream_capturing():
-        return torch.zeros((count,), dtype=torch.int32, device=device)
-    key = (device_index, host._current_stream(device_index))
-    counters = _split_counters.get(key)
-    if counters is None or counters.numel() < count:
-        counters = torch.zeros((max(count, 1024),), dtype=torch.int32, device=device)
-        _split_counters[key] = counters
-    return counters
+        return None
+    return device_index, host._current_stream(device_index)
 
 
+def split_counters(device: torch.device, stream, count: int) -> torch.Tensor:
+    """At least `count` int32 counters at 0 for a split launch on `stream` (stream_of's), which
+    the launch leaves at 0 again: one buffer per stream (the launches on a stream run one after
+    the other), and a CUDA graph's own, zeroed as it replays, in a capture."""
+    return _stream_buffer(_split_counters, torch.zeros, torch.int32, device, stream, count, 1024)
+
+
+def stream_scratch(device: torch.device, stream, floats: int) -> torch.Tensor:
+    """At least `floats` uninitialised fp32 for one launch on `stream` (stream_of's), which no
+    later launch on it overlaps: one buffer per stream, up to SCRATCH_KEPT floats (a larger one,
+    and one in a CUDA graph's capture, is the call's own)."""
+    if floats > SCRATCH_KEPT:
+        return torch.empty((floats,), dtype=torch.float32, device=device)
+    return _stream_buffer(_scratch, torch.empty, torch.float32, device, stream, floats, 1 << 16)
+
+
+SCRATCH_KEPT = 1 << 24  # 64 MB
 _split_counters: dict = {}
+_scratch: dict = {}
+
+
+def _stream_buffer(buffers: dict, make, dtype, device, stream, size: int,
+                   smallest: int) -> torch.Tensor:
+    if stream is None:
+        return make((size,), dtype=dtype, device=device)
+    buffer = buffers.get(stream)
+    if buffer is None or buffer.numel() < size:
+        buffer = buffers[stream] = make((max(size, smallest),), dtype=dtype, device=device)
+    return buffer
 
 
 def _make_plan(q, k_cache, v_cache, k_new, v_new, rotary_cos, rotary_sin, cache_seqlens,

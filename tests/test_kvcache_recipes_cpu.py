@@ -143,19 +143,33 @@ def test_a_known_call_launches_the_plan_with_its_own_tensors(launched):
             == {n: v for n, v in direct.items() if n not in {*own, *allocated}})
 
 
-def test_without_lse_a_known_call_allocates_lse_with_the_split_workspace(launched):
-    """The call's lse rows, then the splits' o_accum and lse_accum, in one allocation."""
+def test_without_lse_a_call_keeps_lse_and_the_split_workspace_in_the_streams_scratch(launched):
+    """The splits' o_accum and lse_accum, then the call's lse rows, in the stream's scratch:
+    the same addresses call after call (no allocation), the lse rows past the workspace."""
     fields, _ = launched
     q, k_cache, v_cache, lengths = step()
-    for _ in range(2):
+    for _ in range(3):
         out = kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
                                               num_splits=3)
-    planned, direct = fields()
-    assert isinstance(out, torch.Tensor) and direct["num_splits"] == 3
+    planned, *direct = fields()
+    assert isinstance(out, torch.Tensor) and direct[0]["num_splits"] == 3
     lse_rows = q.shape[0] * q.shape[2] * q.shape[1]
-    assert direct["o_accum"] == direct["softmax_lse"] + 4 * lse_rows
-    assert (direct["lse_accum"] - direct["o_accum"]
-            == planned["lse_accum"] - planned["o_accum"] == 4 * 3 * lse_rows * q.shape[-1])
+    workspace = 3 * lse_rows * (q.shape[-1] + 1)
+    for launch in direct:
+        assert launch["softmax_lse"] == launch["o_accum"] + 4 * workspace
+        assert launch["lse_accum"] - launch["o_accum"] == 4 * 3 * lse_rows * q.shape[-1]
+    assert direct[0]["o_accum"] == direct[1]["o_accum"]
+
+
+def test_a_call_that_returns_lse_gets_its_own(launched):
+    fields, _ = launched
+    q, k_cache, v_cache, lengths = step()
+    lses = [kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                            num_splits=3, return_softmax_lse=True)[1]
+            for _ in range(2)]
+    launches = fields()
+    assert [launch["softmax_lse"] for launch in launches] == [lse.data_ptr() for lse in lses]
+    assert lses[0].data_ptr() != lses[1].data_ptr()
 
 
 def test_a_known_call_on_unaligned_tensors_is_planned_apart(launched):
