@@ -14,7 +14,7 @@ import torch
 from codegen import paths
 from codegen.config import load_config
 from codegen.spec import enumerate_specs
-from flashgen import backward, decode, forward, host, loader
+from flashgen import backward, decode, forward, host, kvcache, loader
 from tests.poison import ALLOCATORS
 
 
@@ -44,6 +44,7 @@ def _recording(calls: list, real, result):
         calls.append(dict(bound.arguments))
         return result(bound.arguments)
     record.__signature__ = signature  # for callers that read it (transformers does)
+    record.cache_clear = lambda: None  # real's caches, which the stand-in replaces
     return record
 
 
@@ -59,18 +60,23 @@ def install(monkeypatch) -> SimpleNamespace:
         monkeypatch.setattr(owner, name, _on_the_cpu(getattr(owner, name)))
 
     record = SimpleNamespace(launches=[], fwd_plans=[], bwd_choices=[], decode_plans=[])
-    def prepare_decode(address, error_string, patched, *fields):
-        def launch(*addresses_and_stream):
-            filled = list(fields)
-            for index, address_ in zip(patched, addresses_and_stream[:-1]):
-                filled[index] = address_
-            record.launches.append(("decode", (address, error_string, *filled)))
-        return launch
+    def preparer(entry: str):
+        def prepare(address, error_string, patched, *fields):
+            def launch(*addresses_and_stream):
+                filled = list(fields)
+                for index, address_ in zip(patched, addresses_and_stream[:-1]):
+                    filled[index] = address_
+                record.launches.append((entry, (address, error_string, *filled)))
+            return launch
+        return prepare
 
-    binding = SimpleNamespace(prepare_decode=prepare_decode, **{
+    binding = SimpleNamespace(prepare_decode=preparer("decode"), prepare_fwd=preparer("fwd"), **{
         entry: (lambda *args, entry=entry: record.launches.append((entry, args[:-1])))
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)
+    # Launches kept from the binding before: none of this one's
+    for owner, name in ((forward, "_kept"), (decode, "_plans"), (kvcache, "_known")):
+        monkeypatch.setattr(owner, name, {})
     monkeypatch.setattr(host, "_current_stream", lambda index: 0)
     monkeypatch.setattr(host, "_current_device", lambda: 0)
     monkeypatch.setattr(host, "stream_capturing", lambda: False)

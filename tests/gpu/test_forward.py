@@ -61,3 +61,32 @@ def test_sdpa_drop_in(dtype, head_dim, is_causal, shape):
     same_dtype = F.scaled_dot_product_attention(query, key, value, is_causal=is_causal,
                                                 enable_gqa=gqa)
     assert_close_fa2(out, ref, same_dtype, "out")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_forward_repeated_at_one_shape_runs_its_kept_launch_on_each_calls_tensors(head_dim,
+                                                                                    causal):
+    """The second and later calls of a shape launch the first's kept params
+    (flashgen/forward.py) with their own tensors: fresh inputs each call, each output its own,
+    eager and in a CUDA graph's capture."""
+    from flashgen import flash_attn_func, forward
+
+    forward.clear_plans()
+    calls = [make_qkv(2, 301, 301, 8, 2, head_dim, torch.bfloat16, packed=False)
+             for _ in range(3)]
+    outs = [flash_attn_func(*qkv, causal=causal, return_attn_probs=True)[:2] for qkv in calls]
+    assert len(forward._kept) == 1
+    graph_qkv = [t.clone() for t in calls[0]]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out = flash_attn_func(*graph_qkv, causal=causal)
+    for t, fresh in zip(graph_qkv, calls[1]):
+        t.copy_(fresh)
+    graph.replay()
+    outs.append((graph_out, outs[1][1]))
+    for (q, k, v), (out, lse) in zip([*calls, calls[1]], outs):
+        out_ref, lse_ref = attention_ref(q, k, v, causal=causal)
+        out_pt, lse_pt = attention_ref(q, k, v, causal=causal, upcast=False)
+        assert_close_fa2(out, out_ref, out_pt, "out")
+        assert_close_fa2(lse, lse_ref, lse_pt, "lse")
