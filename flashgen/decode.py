@@ -270,9 +270,11 @@ def _run(plan: _Plan, arguments: tuple, lse_wanted: bool = True, aligned_only: b
     stream = stream_of(device_index)
     # What the launch alone reads and writes (the split workspace, lse's rows where the caller
     # wants none) lives in the stream's scratch: no allocation per call (2 to 5 us each, H200).
-    scratch = plan.workspace + (0 if lse_wanted else plan.lse_rows)
-    if scratch:
-        address = stream_scratch(q.device, stream, scratch).data_ptr()
+    floats = plan.workspace + (0 if lse_wanted else plan.lse_rows)
+    scratch = None  # held until the launches are queued: a capture's own is freed after them
+    if floats:
+        scratch = stream_scratch(q.device, stream, floats)
+        address = scratch.data_ptr()
         addresses[_O_ACCUM] = addresses[_LSE_ACCUM] = address
         addresses[_LSE] = address + 4 * plan.workspace
     if lse_wanted:

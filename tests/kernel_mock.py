@@ -74,8 +74,9 @@ def install(monkeypatch) -> SimpleNamespace:
         entry: (lambda *args, entry=entry: record.launches.append((entry, args[:-1])))
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)
-    # Launches kept from the binding before: none of this one's
-    for owner, name in ((forward, "_kept"), (decode, "_plans"), (kvcache, "_known")):
+    # Launches kept from the binding before (none of this one's) and the streams' buffers
+    for owner, name in ((forward, "_kept"), (decode, "_plans"), (kvcache, "_known"),
+                        (decode, "_scratch"), (decode, "_split_counters")):
         monkeypatch.setattr(owner, name, {})
     monkeypatch.setattr(host, "_current_stream", lambda index: 0)
     monkeypatch.setattr(host, "_current_device", lambda: 0)

@@ -2,6 +2,8 @@
 call like one that passed runs on its own tensors without the checks, any other call is checked,
 on a CPU (the CUDA-only check stubbed, the kernels' op faked)."""
 
+import weakref
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -159,6 +161,33 @@ def test_without_lse_a_call_keeps_lse_and_the_split_workspace_in_the_streams_scr
         assert launch["softmax_lse"] == launch["o_accum"] + 4 * workspace
         assert launch["lse_accum"] - launch["o_accum"] == 4 * 3 * lse_rows * q.shape[-1]
     assert direct[0]["o_accum"] == direct[1]["o_accum"]
+
+
+def test_in_a_capture_the_calls_own_scratch_lives_until_its_launch(launched, monkeypatch):
+    """A CUDA graph's capture allocates its own scratch, which must not be freed (and handed to
+    the counters or another buffer) before the launch that uses it is queued."""
+    from flashgen import decode, host
+
+    made, alive_at_launch = [], []
+    real_scratch, real_call = decode.stream_scratch, host.call_on_device
+
+    def scratch(*args):
+        t = real_scratch(*args)
+        made.append(weakref.ref(t))
+        return t
+
+    def call(*args):
+        alive_at_launch.append(made[-1]() is not None)
+        return real_call(*args)
+
+    monkeypatch.setattr(host, "stream_capturing", lambda: True)
+    monkeypatch.setattr(decode, "stream_scratch", scratch)
+    monkeypatch.setattr(host, "call_on_device", call)
+    q, k_cache, v_cache, lengths = step()
+    for _ in range(2):
+        kvcache.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=3)
+    assert len(made) == 2 and alive_at_launch == [True, True]
+    assert not decode._scratch  # nothing kept for a capture
 
 
 def test_a_call_that_returns_lse_gets_its_own(launched):
