@@ -5,11 +5,13 @@ compiled kernel of the best configured family."""
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
+from codegen import params
 from codegen.arch import arch_for_capability
-from flashgen import families, host, loader, registry
+from flashgen import families, forward, host, loader, registry
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
@@ -29,6 +31,16 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
     """
+    key = None
+    if cu_seqlens_q is None and not attn_bias_grad and forward.without_tensors(mods):
+        key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+               out.stride(), lse.shape, lse.stride(), q.dtype, q.get_device(), scale, mask, band,
+               deterministic, heads_first, mods.softcap)
+        kept = _kept.get(key)
+        if kept is not None:
+            ran = _run_kept(kept, (q, k, v, out, dout, lse), heads_first)
+            if ran is not None:
+                return ran
     varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                               max_seqlen_k)
     grads = tuple(host.empty_output(t, heads_first) for t in (q, k, v))
@@ -50,13 +62,77 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
         inputs = host.aligned(q, k, v, out, dout,
                               tma=launcher.spec.family_record.tma_inputs)
         work = grads
-    lse = lse.contiguous()
-    dsinks = run(launcher, *inputs, lse, *work, scale, band, deterministic, varlen, mods,
-                 bias_grad)
+    given_lse, lse = lse, lse.contiguous()
+    args, scratch = _args(launcher, *inputs, lse, *work, scale, band, deterministic, varlen,
+                          mods, bias_grad)
+    _launch(launcher, args, q.get_device())
+    dsinks = _sinks_gradient(launcher, scratch, q, lse, varlen, mods)
     if work is not grads:
         for grad, padded in zip(grads, work):
             grad.copy_(padded[..., :head_dim])
+    elif key is not None:
+        _keep(key, launcher, args, (q, k, v, out, dout, given_lse, *grads), scratch)
     return (*grads, bias_grad, dsinks)
+
+
+# A dense call's launch per signature, its params filled once (as forward's kept launches): a
+# backward repeated at one shape allocates its gradients and scratch and launches. Each address
+# member's source is found by value at the first call: one of its tensors, or an offset into its
+# scratch; a call whose addresses are not all its own tensors' (a copy was made) keeps none.
+MAX_KEPT = 1024
+_kept: dict = {}
+_ADDRESS_INDICES = tuple(params.BwdArgs._fields.index(name)
+                         for ctype, name in params.members(params.BWD_FIELDS)
+                         if ctype.endswith("*"))
+
+
+class _Kept(NamedTuple):
+    launch: object    # the binding's PreparedBwd, taking the sources' addresses and the stream
+    sources: tuple    # per patched member: (index in the call's tensors, or -1 for the scratch, offset)
+    scratch: int      # fp32 elements of the scratch
+
+
+def _keep(key: tuple, launcher: loader.Launcher, args, tensors: tuple, scratch) -> None:
+    """tensors: q, k, v, out, dout, lse, dq, dk, dv as the call passed and allocated them."""
+    addresses = [t.data_ptr() for t in tensors]
+    if len(set(addresses)) != len(addresses):  # k is v, say: which one a later call means is
+        return                                 # not known
+    start, end = scratch.data_ptr(), scratch.data_ptr() + 4 * scratch.numel()
+    patched, sources = [], []
+    for index in _ADDRESS_INDICES:
+        address = args[index]
+        if address == 0:
+            continue
+        if address in addresses:
+            sources.append((addresses.index(address), 0))
+        elif start <= address < end:
+            sources.append((-1, address - start))
+        else:
+            return
+        patched.append(index)
+    if len(_kept) >= MAX_KEPT:
+        _kept.clear()
+    _kept[key] = _Kept(loader.binding().prepare_bwd(
+        launcher.address, launcher.error_string_address, patched, *args), tuple(sources),
+        scratch.numel())
+
+
+def _run_kept(kept: _Kept, inputs: tuple, heads_first: bool):
+    """dq, dk, dv (and no bias or sinks gradient) of a call whose signature has a kept launch;
+    None, launching nothing, where an input's address is not a multiple of 16 bytes."""
+    q, k, v, out, dout, _ = inputs
+    if (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr() | dout.data_ptr()) % 16:
+        return None
+    grads = tuple(host.empty_output(t, heads_first) for t in (q, k, v))
+    # The launcher zeroes what must start at 0; queued before it is freed, the caching
+    # allocator reuses it in stream order.
+    scratch = torch.empty(kept.scratch, dtype=torch.float32, device=q.device)
+    addresses = [t.data_ptr() for t in (*inputs, *grads)]
+    base = scratch.data_ptr()
+    host.call_on_device(kept.launch, q.get_device(),
+                        [base + offset if source < 0 else addresses[source]
+                         for source, offset in kept.sources])
+    return (*grads, None, None)
 
 
 def sinks_gradient(softmax_d, lse, sinks):
@@ -77,17 +153,31 @@ def run(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: f
     bias_grad: where the bias score modifier's gradient goes (a family with bias_gradient).
     Returns the sinks' gradient with mods.sinks (from D in the kernel's workspace: no second
     pass over dout and out), else None."""
-    spec = launcher.spec
-    runtime = families.runtime(spec.family)
-    args, scratch = runtime.backward_args(
-        spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen, mods,
-        bias_grad)
-    host.call_on_device(loader.binding().bwd, q.get_device(),
+    args, scratch = _args(launcher, q, k, v, out, dout, lse, dq, dk, dv, scale, band,
+                          deterministic, varlen, mods, bias_grad)
+    _launch(launcher, args, q.get_device())
+    return _sinks_gradient(launcher, scratch, q, lse, varlen, mods)
+
+
+def _args(launcher: loader.Launcher, q, k, v, out, dout, lse, dq, dk, dv, scale: float,
+          band: Band, deterministic: bool, varlen: tuple, mods: Modifiers, bias_grad):
+    """(BwdArgs, the scratch they point into), its family's."""
+    return families.runtime(launcher.spec.family).backward_args(
+        launcher.spec, q, k, v, out, dout, lse, dq, dk, dv, scale, band, deterministic, varlen,
+        mods, bias_grad)
+
+
+def _launch(launcher: loader.Launcher, args, device_index: int) -> None:
+    host.call_on_device(loader.binding().bwd, device_index,
                         (launcher.address, launcher.error_string_address, *args))
+
+
+def _sinks_gradient(launcher: loader.Launcher, scratch, q, lse, varlen: tuple, mods: Modifiers):
     if mods.sinks is None:
         return None  # the scratch is queued: the caching allocator reuses it in stream order
-    return sinks_gradient(runtime.softmax_d(spec, scratch, q, varlen).view(lse.shape), lse,
-                          mods.sinks)
+    runtime = families.runtime(launcher.spec.family)
+    return sinks_gradient(runtime.softmax_d(launcher.spec, scratch, q, varlen).view(lse.shape),
+                          lse, mods.sinks)
 
 
 def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
@@ -99,8 +189,9 @@ def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
 
 
 def clear_plans() -> None:
-    """Forget every call's choice (after $FLASHGEN_FAMILY changed)."""
+    """Forget every call's choice and kept launch (after $FLASHGEN_FAMILY changed)."""
     _choose.cache_clear()
+    _kept.clear()
 
 
 @functools.cache

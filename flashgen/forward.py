@@ -36,7 +36,7 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     run. mods.sinks join each row's denominator (a row without keys: out 0, lse its sink).
     """
     key = None
-    if cu_seqlens_q is None and _without_tensors(mods):
+    if cu_seqlens_q is None and without_tensors(mods):
         key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.get_device(),
                scale, mask, band, heads_first, mods.softcap)
         kept = _kept.get(key)
@@ -102,8 +102,9 @@ class _Kept(NamedTuple):
     counter: bool   # with a tile counter per call
 
 
-def _without_tensors(mods: Modifiers) -> bool:
-    """Whether the call's modifiers hold no tensor (a kept launch takes q, k, v's addresses)."""
+def without_tensors(mods: Modifiers) -> bool:
+    """Whether the call's modifiers hold no tensor (a kept launch takes only the call's own
+    tensors' addresses; backward.py keeps its launches on the same terms)."""
     return mods is PLAIN or (mods.alibi_slopes is None and mods.attn_bias is None
                              and mods.variant is None and mods.dropout_p == 0.0
                              and mods.sinks is None)

@@ -59,9 +59,9 @@ auto binding(std::tuple<Fields&...> (*fields)(Params&)) {
 
 // A launch whose params are filled once: calling it with the addresses of its patched members
 // (in the order prepare() was given them) and the stream launches those params with these
-// addresses. A decode step, or a forward repeated at one shape, repeats the same params but for
-// its tensors' addresses: a handful of arguments per launch instead of one per member (91 for
-// DecodeParams, 74 for FwdParams).
+// addresses. A decode step, or a forward or backward repeated at one shape, repeats the same
+// params but for its tensors' addresses: a handful of arguments per launch instead of one per
+// member (91 for DecodeParams, 74 for FwdParams, 90 for BwdParams).
 template <class Params>
 class Prepared {
  public:
@@ -153,6 +153,9 @@ PYBIND11_MODULE(_flashgen_binding, m) {
   pybind11::class_<Prepared<flashgen::FwdParams>>(m, "PreparedFwd")
       .def("__call__", &Prepared<flashgen::FwdParams>::operator());
   m.def("prepare_fwd", preparer(&fwd_members));
+  pybind11::class_<Prepared<flashgen::BwdParams>>(m, "PreparedBwd")
+      .def("__call__", &Prepared<flashgen::BwdParams>::operator());
+  m.def("prepare_bwd", preparer(&bwd_members));
   pybind11::class_<Prepared<flashgen::DecodeParams>>(m, "PreparedDecode")
       .def("__call__", &Prepared<flashgen::DecodeParams>::operator());
   m.def("prepare_decode", preparer(&decode_members));

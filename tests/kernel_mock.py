@@ -70,12 +70,14 @@ def install(monkeypatch) -> SimpleNamespace:
             return launch
         return prepare
 
-    binding = SimpleNamespace(prepare_decode=preparer("decode"), prepare_fwd=preparer("fwd"), **{
+    binding = SimpleNamespace(**{f"prepare_{entry}": preparer(entry)
+                                 for entry in ("decode", "fwd", "bwd")}, **{
         entry: (lambda *args, entry=entry: record.launches.append((entry, args[:-1])))
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)
     # Launches kept from the binding before (none of this one's) and the streams' buffers
-    for owner, name in ((forward, "_kept"), (decode, "_plans"), (kvcache, "_known"),
+    for owner, name in ((forward, "_kept"), (backward, "_kept"), (decode, "_plans"),
+                        (kvcache, "_known"),
                         (decode, "_scratch"), (decode, "_split_counters")):
         monkeypatch.setattr(owner, name, {})
     monkeypatch.setattr(host, "_current_stream", lambda index: 0)

@@ -194,3 +194,24 @@ def test_lse_does_not_require_grad():
     q, k, v = make_qkv(1, 64, 64, 2, 2, 64, torch.bfloat16, packed=False)
     out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.requires_grad and not lse.requires_grad
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_training_step_repeated_at_one_shape_runs_its_kept_launches_on_each_steps_tensors(
+        head_dim, causal, deterministic):
+    """The second and later steps of a shape launch the first's kept forward and backward
+    params (flashgen/forward.py, backward.py) with their own tensors: fresh inputs and dout
+    each step, each step's gradients its own."""
+    from flashgen import backward, forward
+
+    forward.clear_plans()
+    backward.clear_plans()
+    for _ in range(3):
+        q, k, v = make_qkv(2, 301, 301, 8, 2, head_dim, torch.bfloat16, packed=False)
+        out = flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+        dout = make_dout(out, non_contiguous=False)
+        out.backward(dout)
+        assert_grads_close((q.grad, k.grad, v.grad), q, k, v, dout, causal)
+    assert len(forward._kept) == len(backward._kept) == 1
