@@ -51,7 +51,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
              rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink)
     key = None
-    if variant is None and variant_tensors is None and not validate.debug_checks():
+    if (variant is None and variant_tensors is None and not validate.debug_checks()
+            and not torch.compiler.is_compiling()):  # dynamo traces no itemgetter
         key = _signature(given)
     known = _known.get(key) if key is not None else None
     if known is None:

@@ -14,8 +14,8 @@ torch = pytest.importorskip("torch")
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from codegen.params import WINDOW_UNBOUNDED as UNBOUNDED  # noqa: E402
-from flashgen import (backward, flash_attn_func, forward, host, ops,  # noqa: E402
-                      scaled_dot_product_attention)
+from flashgen import (backward, flash_attn_func, flash_attn_with_kvcache, forward,  # noqa: E402
+                      host, ops, scaled_dot_product_attention)
 from flashgen.band import Band  # noqa: E402
 from flashgen.reference import attention_ref  # noqa: E402
 
@@ -501,3 +501,20 @@ def test_kvcache_fake_gives_out_like_q_and_lse_per_query_row():
                            None, None)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     assert lse.shape == (3, 8, 4) and lse.dtype == torch.float32
+
+
+class DecodeStep(torch.nn.Module):
+    def forward(self, q, k_cache, v_cache, seqlens):
+        return flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True)
+
+
+def test_dynamo_traces_a_decode_step_into_one_op():
+    """Strict export fails on any graph break: the known calls' signature is eager-only."""
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        q = torch.randn(2, 1, 8, 64, device="cuda", dtype=torch.bfloat16)
+        k_cache, v_cache = (torch.randn(2, 128, 2, 64, device="cuda", dtype=torch.bfloat16)
+                            for _ in range(2))
+        seqlens = torch.full((2,), 10, device="cuda", dtype=torch.int32)
+        program = torch.export.export(DecodeStep(), (q, k_cache, v_cache, seqlens), strict=True)
+    assert [node.target for node in program.graph.nodes if node.op == "call_function"
+            and isinstance(node.target, torch._ops.OpOverload)] == [KVCACHE]
