@@ -3,11 +3,9 @@ drop-in for PyTorch's SDPA."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from flashgen import forward, host, kvcache, ops, validate, variant_args
+from flashgen import kvcache, ops, validate, variant_args
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
@@ -46,60 +44,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     tensors get no gradient. dropout_p > 0 with a variant runs where its table sets dropout =
     true (the default config's document variant does).
     """
-    key = None
-    if (variant is None and variant_tensors is None and block_mask is None
-            and not torch.compiler.is_compiling()):  # dynamo traces no itemgetter
-        given = (q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
-                 deterministic, s_aux, learnable_sink)
-        key = _signature(given)
-        known = _known.get(key) if key is not None else None
-        if (known is not None and not (known.requires_grad and torch.is_grad_enabled())
-                and not torch.is_autocast_enabled("cuda") and ops.nothing_sees_ops()):
-            ran = forward.run_kept(known.launch, q, k, v, heads_first=False)
-            if ran is not None:
-                return (*ran, None) if return_attn_probs else ran[0]
-    inputs = q, k, v
     q, k, v, scale, mask, band, mods = dense_arguments(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, variant,
         variant_tensors, block_mask, sinks=validate.sink_argument(s_aux, learnable_sink))
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
                              mods=mods)
-    if key is not None and _keeps(inputs, (q, k, v)):
-        launch = forward.kept_launch(q, k, v, scale, mask, band, False, mods)
-        if launch is not None:
-            if len(_known) >= MAX_KNOWN:
-                _known.clear()
-            _known[key] = _Known(launch, q.requires_grad or k.requires_grad or v.requires_grad)
     return (out, lse, None) if return_attn_probs else out
-
-
-# A flash_attn_func call whose signature passed its checks before and ran on a kept forward
-# launch (flashgen/forward.py) launches it again directly, checks skipped: they depend on the
-# signature alone. Not under autocast (it casts before the checks), not where autograd records
-# (the signature's requires_grad with grad enabled), not where something sees ops.
-MAX_KNOWN = 1024
-_known: dict = {}
-_signature = host.Signature((0, 1, 2, 8, 10, 11), 12)
-
-
-def _forget_known() -> None:
-    _known.clear()
-
-
-forward.holds_launches(_forget_known)
-
-
-class _Known(NamedTuple):
-    launch: object       # forward's kept launch
-    requires_grad: bool  # an input that requires grad: autograd records where grad is enabled
-
-
-def _keeps(given: tuple, checked: tuple) -> bool:
-    """Whether a call may be known: its inputs ran as given (no autocast cast), plain CUDA
-    tensors (no subclass the op would see)."""
-    return (not torch.is_autocast_enabled("cuda")
-            and all(a is b and type(a) is torch.Tensor and a.is_cuda
-                    for a, b in zip(given, checked)))
 
 
 def dense_arguments(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,

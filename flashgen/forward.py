@@ -37,10 +37,11 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     """
     key = None
     if cu_seqlens_q is None and without_tensors(mods):
-        key = _key(q, k, v, scale, mask, band, heads_first, mods)
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.get_device(),
+               scale, mask, band, heads_first, mods.softcap)
         kept = _kept.get(key)
         if kept is not None:
-            ran = run_kept(kept, q, k, v, heads_first)
+            ran = _run_kept(kept, q, k, v, heads_first)
             if ran is not None:
                 return ran
     batch, seqlen_q, heads, head_dim = q.shape
@@ -96,31 +97,9 @@ _ADDRESS_INDICES = tuple(params.FwdArgs._fields.index(name)
                          if ctype.endswith("*"))
 
 
-_kept_holders: list = []  # callers' caches of kept launches (kept_launch's)
-
-
 class _Kept(NamedTuple):
     launch: object  # the binding's PreparedFwd, taking the _PATCHED addresses and the stream
     counter: bool   # with a tile counter per call
-
-
-def _key(q, k, v, scale: float, mask: str, band: Band, heads_first: bool, mods: Modifiers):
-    return (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.get_device(), scale,
-            mask, band, heads_first, mods.softcap)
-
-
-def kept_launch(q, k, v, scale: float, mask: str, band: Band, heads_first: bool,
-                mods: Modifiers):
-    """The launch forward() keeps for a dense call with these arguments, for run_kept on any
-    call of the same signature; None where it keeps none."""
-    if not without_tensors(mods):  # _key leaves out what such modifiers hold
-        return None
-    return _kept.get(_key(q, k, v, scale, mask, band, heads_first, mods))
-
-
-def holds_launches(forget) -> None:
-    """forget(): drops a caller's kept launches (kept_launch's) when clear_plans forgets these."""
-    _kept_holders.append(forget)
 
 
 def without_tensors(mods: Modifiers) -> bool:
@@ -144,7 +123,7 @@ def _keep(key: tuple, launcher: loader.Launcher, args) -> None:
         launcher.address, launcher.error_string_address, list(patched), *args), counter)
 
 
-def run_kept(kept: _Kept, q, k, v, heads_first: bool):
+def _run_kept(kept: _Kept, q, k, v, heads_first: bool):
     """out and lse of a call whose signature has a kept launch; None, launching nothing, where an
     address is not a multiple of 16 bytes (forward() then copies the tensor)."""
     addresses = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
@@ -228,8 +207,6 @@ def clear_plans() -> None:
     _plan.cache_clear()
     _candidates.cache_clear()
     _kept.clear()
-    for forget in _kept_holders:
-        forget()
 
 
 # What a call's k and v are, and which families' forwards read them (codegen/family.py). A run

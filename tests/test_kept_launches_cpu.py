@@ -84,17 +84,12 @@ def test_an_unaligned_call_of_a_kept_signature_is_copied_to_an_aligned_one(launc
 
 
 def test_calls_with_tensors_among_their_modifiers_keep_no_launch(launches):
-    """Nor do they run the launch kept for a plain call of the same shapes."""
-    from flashgen import attention
-
     q, k, v = qkv()
-    flash_attn_func(q, k, v)
     slopes = [torch.rand(4, dtype=torch.float32) for _ in range(2)]
     for s in slopes:
         flash_attn_func(q, k, v, alibi_slopes=s)
-    assert ([launch["alibi_slopes"] for launch in launches()]
-            == [0, *(s.data_ptr() for s in slopes)])
-    assert len(forward._kept) == len(attention._known) == 1
+    assert [launch["alibi_slopes"] for launch in launches()] == [s.data_ptr() for s in slopes]
+    assert not forward._kept
 
 
 def test_clear_plans_forgets_the_kept_launches(launches):
@@ -158,69 +153,3 @@ def test_clear_plans_forgets_the_kept_backwards(record):
     trained(qkv())
     backward.clear_plans()
     assert not backward._kept
-
-
-# --- flash_attn_func's known calls ---------------------------------------------------------
-
-@pytest.fixture
-def checked(monkeypatch):
-    """How many flash_attn_func calls ran their checks (attention.dense_arguments)."""
-    from flashgen import attention
-
-    count, real = [], attention.dense_arguments
-    monkeypatch.setattr(attention, "dense_arguments",
-                        lambda *a, **k: count.append(1) or real(*a, **k))
-    return count
-
-
-def test_a_known_call_skips_its_checks_and_launches_on_its_own_tensors(launches, checked):
-    flash_attn_func(*qkv(), causal=True)
-    (planned,) = launches()
-    again = qkv()
-    out, lse, _ = flash_attn_func(*again, causal=True, return_attn_probs=True)
-    (direct,) = launches()
-    assert len(checked) == 1
-    assert without_addresses(direct) == without_addresses(planned)
-    assert [direct[name] for name in ADDRESSES[:5]] == [
-        *(t.data_ptr() for t in again), out.data_ptr(), lse.data_ptr()]
-
-
-def test_a_known_call_whose_inputs_require_grad_records_autograd_where_grad_is_enabled(
-        launches, checked):
-    q, k, v = (t.requires_grad_() for t in qkv())
-    with torch.no_grad():
-        flash_attn_func(q, k, v)
-        assert flash_attn_func(q, k, v).grad_fn is None
-    assert len(checked) == 1
-    out = flash_attn_func(q, k, v)
-    assert out.grad_fn is not None and len(checked) == 2
-
-
-def test_a_known_call_goes_through_the_op_where_something_sees_ops(launches, checked,
-                                                                   monkeypatch):
-    from flashgen import attention
-
-    flash_attn_func(*qkv())
-    through_op = []
-    monkeypatch.setattr(attention.ops, "nothing_sees_ops", lambda: False)
-    monkeypatch.setattr(attention.ops, "attention",
-                        lambda q, *a, **k: through_op.append(1) or (q, None))
-    flash_attn_func(*qkv())
-    assert len(checked) == 2 and through_op == [1]
-
-
-def test_another_signature_is_checked_again(launches, checked):
-    q, k, v = qkv()
-    flash_attn_func(q, k, v)
-    with pytest.raises(ValueError, match="head"):
-        flash_attn_func(q, k[..., :32], v)  # another head dim for k
-    assert len(checked) == 2
-
-
-def test_clear_plans_forgets_the_known_calls(launches):
-    from flashgen import attention
-
-    flash_attn_func(*qkv())
-    assert attention._known
-    forward.clear_plans()
-    assert not attention._known
