@@ -88,7 +88,7 @@ _ADDRESS_INDICES = tuple(params.BwdArgs._fields.index(name)
 
 class _Kept(NamedTuple):
     launch: object    # the binding's PreparedBwd, taking the sources' addresses and the stream
-    sources: tuple    # per patched member: (index in the call's tensors, or -1 for the scratch, offset)
+    sources: tuple    # per patched member: (its tensor's index, -1: the scratch; byte offset)
     scratch: int      # fp32 elements of the scratch
 
 

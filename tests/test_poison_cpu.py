@@ -50,6 +50,15 @@ def test_flash_attn_funcs_out_lse_and_gradients_are_poisoned(kernels_that_write_
     assert_all_nan(out=out, lse=lse, dq=q.grad, dk=k.grad, dv=v.grad)
 
 
+def test_an_inference_call_repeated_at_one_shape_is_poisoned_too(kernels_that_write_nothing):
+    """The second call launches the first's kept params (flashgen/forward.py)."""
+    q, k, v = qkv((2, 40, 4, 64), (2, 56, 2, 64), (2, 56, 2, 64), requires_grad=False)
+    for _ in range(2):
+        out, lse, _ = flash_attn_func(q, k, v, return_attn_probs=True)
+    assert entries(kernels_that_write_nothing) == ["fwd", "fwd"]
+    assert_all_nan(out=out, lse=lse)
+
+
 def test_a_training_step_repeated_at_one_shape_is_poisoned_too(kernels_that_write_nothing):
     """The second step launches the first's kept params (flashgen/forward.py, backward.py)."""
     for _ in range(2):
