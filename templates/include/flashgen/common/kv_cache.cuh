@@ -59,14 +59,26 @@ struct KvCacheRows {
     v_base = row * p.v_batch_stride + head_kv * p.v_head_stride;
   }
 
-  // Where the key at cache position `key` is (attention's key i is at position first + i).
-  __device__ __forceinline__ Offsets offsets(int key) const {
+  // The block-table entry of the page holding cache position `key` (0 for a contiguous cache): a
+  // global read, which the decode kernel issues a loop step before the offsets that use it.
+  __device__ __forceinline__ int page_of(int key) const {
+    return pages == nullptr ? 0 : pages[page_index(key)];
+  }
+
+  // Where the key at cache position `key` is (attention's key i is at position first + i), its
+  // page given by page_of.
+  __device__ __forceinline__ Offsets offsets(int key, int page) const {
     if (pages == nullptr) return {k_base + key * k_row_stride, v_base + key * v_row_stride};
-    const int page_index = page_shift >= 0 ? key >> page_shift : key / page_size;
-    const int64_t page = pages[page_index];
-    const int in_page = key - page_index * page_size;
+    const int in_page = key - page_index(key) * page_size;
     return {k_base + page * k_page_stride + in_page * k_row_stride,
             v_base + page * v_page_stride + in_page * v_row_stride};
+  }
+
+  __device__ __forceinline__ Offsets offsets(int key) const { return offsets(key, page_of(key)); }
+
+ private:
+  __device__ __forceinline__ int page_index(int key) const {
+    return page_shift >= 0 ? key >> page_shift : key / page_size;
   }
 };
 

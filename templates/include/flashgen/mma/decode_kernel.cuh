@@ -125,31 +125,33 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
     }
   }
 
-  // Where this thread's rows of a key block are. A paged cache's lookups run one tile ahead of
-  // the copies that use them (locate, then load_kv a loop step later), so the copies never wait
-  // on the block table.
+  // The pages of this thread's rows of the next key block to load. A paged cache's block-table
+  // reads run a loop step ahead of the copies whose addresses they give (locate, then load_kv),
+  // so neither the copies nor the compute between them wait on the table.
   constexpr int kRowsPerThread = decltype(size<1>(tKsK))::value;
-  KvCacheRows::Offsets rows_at[kRowsPerThread];
+  int pages_at[kRowsPerThread];
+  auto key_of = [&](int n_block, int m) { return n_block * kBlockN + get<0>(tKVcKV(0, m, 0)); };
   auto locate = [&](int n_block) {
     CUTE_UNROLL
     for (int m = 0; m < kRowsPerThread; ++m) {
-      const int key = n_block * kBlockN + get<0>(tKVcKV(0, m, 0));
-      rows_at[m] = key < cache.seqlen_k ? cache.offsets(cache.first + key)
-                                        : KvCacheRows::Offsets{-1, -1};
+      const int key = key_of(n_block, m);
+      pages_at[m] = key < cache.seqlen_k ? cache.page_of(cache.first + key) : 0;
     }
   };
   const Element* k_cache = static_cast<const Element*>(p.k);
   const Element* v_cache = static_cast<const Element*>(p.v);
-  auto load_kv = [&](int stage) {
+  auto load_kv = [&](int stage, int n_block) {
     CUTE_UNROLL
     for (int m = 0; m < kRowsPerThread; ++m) {
-      const bool row_ok = rows_at[m].k >= 0;
+      const int key = key_of(n_block, m);
+      const bool row_ok = key < cache.seqlen_k;
+      const KvCacheRows::Offsets at = cache.offsets(cache.first + key, pages_at[m]);
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tKsK); ++k) {
         const int col = get<1>(tKVcKV(0, m, k));
         const bool ok = row_ok && col < kHeadDim;
-        cp_async_16(&tKsK(0, m, k, stage), k_cache + (ok ? rows_at[m].k + col : 0), ok);
-        cp_async_16(&tVsV(0, m, k, stage), v_cache + (ok ? rows_at[m].v + col : 0), ok);
+        cp_async_16(&tKsK(0, m, k, stage), k_cache + (ok ? at.k + col : 0), ok);
+        cp_async_16(&tVsV(0, m, k, stage), v_cache + (ok ? at.v + col : 0), ok);
       }
     }
   };
@@ -175,7 +177,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
   for (int stage = 0; stage < kKvStages - 1; ++stage) {
     if (stage < n_tiles) {
       locate(n_stop - 1 - stage);
-      load_kv(stage);
+      load_kv(stage, n_stop - 1 - stage);
     }
     cp_async_fence();
   }
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(Traits::kThreads) decode_kernel(const DecodePa
     cp_async_wait<kKvStages - 2>();
     __syncthreads();
     if (tile + kKvStages - 1 < n_tiles) {
-      load_kv(smem_pipe_write);
+      load_kv(smem_pipe_write, n_block - (kKvStages - 1));
       if (tile + kKvStages < n_tiles) locate(n_block - kKvStages);
     }
     cp_async_fence();
