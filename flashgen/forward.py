@@ -36,12 +36,13 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     run. mods.sinks join each row's denominator (a row without keys: out 0, lse its sink).
     """
     key = None
-    if cu_seqlens_q is None and without_tensors(mods):
-        key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.get_device(),
-               scale, mask, band, heads_first, mods.softcap)
+    varlen = () if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                              max_seqlen_k, seqused_k)
+    if without_tensors(mods):
+        key = _key(q, k, v, scale, mask, band, heads_first, mods, varlen)
         kept = _kept.get(key)
         if kept is not None:
-            ran = _run_kept(kept, q, k, v, heads_first)
+            ran = run_kept(kept, q, k, v, heads_first, sequence_tensors(varlen))
             if ran is not None:
                 return ran
     batch, seqlen_q, heads, head_dim = q.shape
@@ -83,23 +84,62 @@ def forward(q, k, v, dtype: str, scale: float, mask: str, band: Band, heads_firs
     return out, lse
 
 
-# A dense call's launch per signature, its params filled once: what forward() decides from
-# shapes, strides, dtypes and numbers alone, so that a call repeated at one shape (each layer of
-# an eager decode loop, a training step) allocates its outputs and launches.
+# A call's launch per signature, its params filled once: what forward() decides from shapes,
+# strides, dtypes and numbers alone (a variable-length batch's sequence count and longest
+# lengths among them, never its device values), so that a call repeated at one shape (each layer
+# of an eager decode loop, a training step) allocates its outputs and launches.
 MAX_KEPT = 1024
 _kept: dict = {}
-# The params members each kept launch takes per call, in this order (tile_counter where its
-# kernel claims tiles).
-_PATCHED = ("q", "k", "v", "o", "softmax_lse", "tile_counter")
-_PATCHED_INDICES = tuple(params.FwdArgs._fields.index(name) for name in _PATCHED)
+# The params members each kept launch takes per call, in this order: the tensors, a
+# variable-length batch's sequence tensors (seqused_k where given), tile_counter where its
+# kernel claims tiles.
+_TENSORS = ("q", "k", "v", "o", "softmax_lse")
+_SEQUENCES = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")
+_INDEX = {name: params.FwdArgs._fields.index(name)
+          for name in (*_TENSORS, *_SEQUENCES, "tile_counter")}
 _ADDRESS_INDICES = tuple(params.FwdArgs._fields.index(name)
                          for ctype, name in params.members(params.FWD_FIELDS)
                          if ctype.endswith("*"))
 
 
+_kept_holders: list = []  # callers' caches of kept launches (kept_launch's)
+
+
 class _Kept(NamedTuple):
-    launch: object  # the binding's PreparedFwd, taking the _PATCHED addresses and the stream
+    launch: object  # the binding's PreparedFwd, taking the patched addresses and the stream
     counter: bool   # with a tile counter per call
+
+
+def _key(q, k, v, scale: float, mask: str, band: Band, heads_first: bool, mods: Modifiers,
+         varlen: tuple = ()):
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.stride(), q.dtype, q.get_device(), scale,
+           mask, band, heads_first, mods.softcap)
+    if varlen:  # the sequences' count, the longest lengths, whether seqused_k is given
+        cu_seqlens_q, _, max_seqlen_q, max_seqlen_k = varlen[:4]
+        key += (cu_seqlens_q.shape[0], max_seqlen_q, max_seqlen_k, len(sequence_tensors(varlen)))
+    return key
+
+
+def sequence_tensors(varlen: tuple) -> tuple:
+    """A variable-length batch's tensors whose addresses a kept launch takes (_SEQUENCES')."""
+    if not varlen:
+        return ()
+    return varlen[:2] if len(varlen) < 5 or varlen[4] is None else (*varlen[:2], varlen[4])
+
+
+def kept_launch(q, k, v, scale: float, mask: str, band: Band, heads_first: bool,
+                mods: Modifiers, varlen: tuple = ()):
+    """The launch forward() keeps for a call with these arguments (varlen: cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k[, seqused_k or None]), for run_kept on any call of
+    the same signature; None where it keeps none."""
+    if not without_tensors(mods):  # _key leaves out what such modifiers hold
+        return None
+    return _kept.get(_key(q, k, v, scale, mask, band, heads_first, mods, varlen))
+
+
+def holds_launches(forget) -> None:
+    """forget(): drops a caller's kept launches (kept_launch's) when clear_plans forgets these."""
+    _kept_holders.append(forget)
 
 
 def without_tensors(mods: Modifiers) -> bool:
@@ -114,23 +154,32 @@ def _keep(key: tuple, launcher: loader.Launcher, args) -> None:
     """Keeps the launch of a call that ran on its own tensors, for the next of its signature;
     none where a params address is not among the patched ones (it would be this call's)."""
     counter = args.tile_counter != 0
-    patched = _PATCHED_INDICES[:len(_PATCHED) - (not counter)]
+    names = (*_TENSORS, *_SEQUENCES[:0 if args.cu_seqlens_q == 0 else 2 + (args.seqused_k != 0)],
+             *(("tile_counter",) if counter else ()))
+    patched = [_INDEX[name] for name in names]
     if any(args[i] for i in _ADDRESS_INDICES if i not in patched):
         return
     if len(_kept) >= MAX_KEPT:
         _kept.clear()
     _kept[key] = _Kept(loader.binding().prepare_fwd(
-        launcher.address, launcher.error_string_address, list(patched), *args), counter)
+        launcher.address, launcher.error_string_address, patched, *args), counter)
 
 
-def _run_kept(kept: _Kept, q, k, v, heads_first: bool):
+def run_kept(kept: _Kept, q, k, v, heads_first: bool, sequences: tuple = ()):
     """out and lse of a call whose signature has a kept launch; None, launching nothing, where an
-    address is not a multiple of 16 bytes (forward() then copies the tensor)."""
+    address is not a multiple of 16 bytes (forward() then copies the tensor). sequences: a
+    variable-length batch's (cu_seqlens_q, cu_seqlens_k[, seqused_k]) as sequence_tensors gives
+    them; its q, k, v may be the packed (total, heads, dim) tensors, out then like q and lse
+    (heads, total_q)."""
     addresses = [q.data_ptr(), k.data_ptr(), v.data_ptr()]
     if (addresses[0] | addresses[1] | addresses[2]) % 16:
         return None
-    out, lse = empty_outputs(q, heads_first)
-    addresses += (out.data_ptr(), lse.data_ptr())
+    if q.dim() == 3:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+    else:
+        out, lse = empty_outputs(q, heads_first)
+    addresses += (out.data_ptr(), lse.data_ptr(), *(t.data_ptr() for t in sequences))
     if kept.counter:  # queued before it is freed: the caching allocator reuses it in stream order
         counter = torch.empty(1, dtype=torch.int32, device=q.device)
         addresses.append(counter.data_ptr())
@@ -207,6 +256,8 @@ def clear_plans() -> None:
     _plan.cache_clear()
     _candidates.cache_clear()
     _kept.clear()
+    for forget in _kept_holders:
+        forget()
 
 
 # What a call's k and v are, and which families' forwards read them (codegen/family.py). A run

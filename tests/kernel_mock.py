@@ -14,7 +14,7 @@ import torch
 from codegen import paths
 from codegen.config import load_config
 from codegen.spec import enumerate_specs
-from flashgen import backward, decode, forward, host, kvcache, loader
+from flashgen import attention, backward, decode, forward, host, kvcache, loader
 from tests.poison import ALLOCATORS
 
 
@@ -76,9 +76,9 @@ def install(monkeypatch) -> SimpleNamespace:
         for entry in ("fwd", "bwd", "decode", "attention")})
     monkeypatch.setattr(loader, "binding", lambda: binding)
     # Launches kept from the binding before (none of this one's) and the streams' buffers
-    for owner, name in ((forward, "_kept"), (backward, "_kept"), (decode, "_plans"),
-                        (kvcache, "_known"),
-                        (decode, "_scratch"), (decode, "_split_counters")):
+    for owner, name in ((forward, "_kept"), (backward, "_kept"), (attention, "_known"),
+                        (decode, "_plans"), (kvcache, "_known"), (decode, "_scratch"),
+                        (decode, "_split_counters")):
         monkeypatch.setattr(owner, name, {})
     monkeypatch.setattr(host, "_current_stream", lambda index: 0)
     monkeypatch.setattr(host, "_current_device", lambda: 0)

@@ -6,6 +6,8 @@ were copied, are one another, or its modifiers hold tensors. The real Python pat
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -84,12 +86,17 @@ def test_an_unaligned_call_of_a_kept_signature_is_copied_to_an_aligned_one(launc
 
 
 def test_calls_with_tensors_among_their_modifiers_keep_no_launch(launches):
+    """Nor do they run the launch kept for a plain call of the same shapes."""
+    from flashgen import attention
+
     q, k, v = qkv()
+    flash_attn_func(q, k, v)
     slopes = [torch.rand(4, dtype=torch.float32) for _ in range(2)]
     for s in slopes:
         flash_attn_func(q, k, v, alibi_slopes=s)
-    assert [launch["alibi_slopes"] for launch in launches()] == [s.data_ptr() for s in slopes]
-    assert not forward._kept
+    assert ([launch["alibi_slopes"] for launch in launches()]
+            == [0, *(s.data_ptr() for s in slopes)])
+    assert len(forward._kept) == len(attention._known) == 1
 
 
 def test_clear_plans_forgets_the_kept_launches(launches):
@@ -153,3 +160,145 @@ def test_clear_plans_forgets_the_kept_backwards(record):
     trained(qkv())
     backward.clear_plans()
     assert not backward._kept
+
+
+# --- flash_attn_func's known calls ---------------------------------------------------------
+
+@pytest.fixture
+def checked(monkeypatch):
+    """How many flash_attn_func calls ran their checks (attention.dense_arguments)."""
+    from flashgen import attention
+
+    count, real = [], attention.dense_arguments
+    monkeypatch.setattr(attention, "dense_arguments",
+                        lambda *a, **k: count.append(1) or real(*a, **k))
+    return count
+
+
+def test_a_known_call_skips_its_checks_and_launches_on_its_own_tensors(launches, checked):
+    flash_attn_func(*qkv(), causal=True)
+    (planned,) = launches()
+    again = qkv()
+    out, lse, _ = flash_attn_func(*again, causal=True, return_attn_probs=True)
+    (direct,) = launches()
+    assert len(checked) == 1
+    assert without_addresses(direct) == without_addresses(planned)
+    assert [direct[name] for name in ADDRESSES[:5]] == [
+        *(t.data_ptr() for t in again), out.data_ptr(), lse.data_ptr()]
+
+
+def test_a_known_call_whose_inputs_require_grad_records_autograd_where_grad_is_enabled(
+        launches, checked):
+    q, k, v = (t.requires_grad_() for t in qkv())
+    with torch.no_grad():
+        flash_attn_func(q, k, v)
+        assert flash_attn_func(q, k, v).grad_fn is None
+    assert len(checked) == 1
+    out = flash_attn_func(q, k, v)
+    assert out.grad_fn is not None and len(checked) == 2
+
+
+def test_a_known_call_goes_through_the_op_where_something_sees_ops(launches, checked,
+                                                                   monkeypatch):
+    from flashgen import attention
+
+    flash_attn_func(*qkv())
+    through_op = []
+    monkeypatch.setattr(attention.ops, "nothing_sees_ops", lambda: False)
+    monkeypatch.setattr(attention.ops, "attention",
+                        lambda q, *a, **k: through_op.append(1) or (q, None))
+    flash_attn_func(*qkv())
+    assert len(checked) == 2 and through_op == [1]
+
+
+def test_another_signature_is_checked_again(launches, checked):
+    q, k, v = qkv()
+    flash_attn_func(q, k, v)
+    with pytest.raises(ValueError, match="head"):
+        flash_attn_func(q, k[..., :32], v)  # another head dim for k
+    assert len(checked) == 2
+
+
+def test_clear_plans_forgets_the_known_calls(launches):
+    from flashgen import attention
+
+    flash_attn_func(*qkv())
+    assert attention._known
+    forward.clear_plans()
+    assert not attention._known
+
+
+# --- flash_attn_varlen_func's known calls ----------------------------------------------------
+
+SEQUENCES = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")
+
+
+def packed(total_q=40, total_k=56, heads=4, heads_kv=2, dim=64):
+    return (torch.randn(total_q, heads, dim, dtype=torch.bfloat16),
+            *(torch.randn(total_k, heads_kv, dim, dtype=torch.bfloat16) for _ in range(2)))
+
+
+def cumulative(*lengths):
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+@pytest.fixture
+def checked_varlen(monkeypatch):
+    """How many flash_attn_varlen_func calls ran their checks (attention.varlen_arguments)."""
+    from flashgen import attention
+
+    count, real = [], attention.varlen_arguments
+    monkeypatch.setattr(attention, "varlen_arguments",
+                        lambda *a, **k: count.append(1) or real(*a, **k))
+    return count
+
+
+@pytest.mark.parametrize("used", [False, True], ids=["cu_seqlens", "seqused_k"])
+def test_a_known_varlen_call_launches_on_its_own_tensors_and_sequences(launches,
+                                                                       checked_varlen, used):
+    """Another batch of the same sequence count and longest lengths: its own lengths' tensors
+    (read on the device only), checks skipped."""
+    from flashgen import flash_attn_varlen_func
+
+    def call(lengths_q, lengths_k):
+        cu_q, cu_k = cumulative(*lengths_q), cumulative(*lengths_k)
+        used_k = torch.tensor(lengths_k, dtype=torch.int32) if used else None
+        tensors = packed()
+        with torch.no_grad():
+            out, lse = flash_attn_varlen_func(*tensors, cu_q, cu_k, 25, 30, causal=True,
+                                              seqused_k=used_k, return_softmax_lse=True)
+        return tensors, (cu_q, cu_k, used_k), out, lse
+
+    call((15, 25), (26, 30))
+    (planned,) = launches()
+    tensors, sequences, out, lse = call((25, 15), (30, 26))
+    (direct,) = launches()
+    assert len(checked_varlen) == 1
+    addresses = (*ADDRESSES[:5], *SEQUENCES)
+    assert ({name: value for name, value in direct.items() if name not in addresses}
+            == {name: value for name, value in planned.items() if name not in addresses})
+    own = [*(t.data_ptr() for t in tensors), out.data_ptr(), lse.data_ptr(),
+           *(0 if t is None else t.data_ptr() for t in sequences)]
+    assert [direct[name] for name in addresses] == own
+    assert out.shape == tensors[0].shape and lse.shape == (4, 40)
+
+
+def test_another_longest_length_or_sequence_count_is_checked_again(launches, checked_varlen):
+    from flashgen import flash_attn_varlen_func
+
+    for cu_q, cu_k, longest in ((cumulative(15, 25), cumulative(26, 30), 25),
+                                (cumulative(15, 25), cumulative(26, 30), 26),
+                                (cumulative(10, 10, 20), cumulative(16, 10, 30), 25)):
+        with torch.no_grad():
+            flash_attn_varlen_func(*packed(), cu_q, cu_k, longest, 30)
+    assert len(checked_varlen) == 3
+
+
+def test_debug_checks_check_every_varlen_call(launches, checked_varlen, monkeypatch):
+    from flashgen import flash_attn_varlen_func
+
+    monkeypatch.setenv("FLASHGEN_DEBUG_CHECKS", "1")
+    for _ in range(2):
+        with torch.no_grad():
+            flash_attn_varlen_func(*packed(), cumulative(15, 25), cumulative(26, 30), 25, 30)
+    assert len(checked_varlen) == 2

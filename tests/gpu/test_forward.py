@@ -67,16 +67,16 @@ def test_sdpa_drop_in(dtype, head_dim, is_causal, shape):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_forward_repeated_at_one_shape_runs_its_kept_launch_on_each_calls_tensors(head_dim,
                                                                                     causal):
-    """The second and later calls of a shape launch the first's kept params
-    (flashgen/forward.py) with their own tensors: fresh inputs each call, each output its own,
-    eager and in a CUDA graph's capture."""
-    from flashgen import flash_attn_func, forward
+    """The second and later calls of a shape are known calls (flashgen/attention.py): no checks,
+    the first's kept params (flashgen/forward.py) launched with their own tensors; fresh inputs
+    each call, each output its own, eager and in a CUDA graph's capture."""
+    from flashgen import attention, flash_attn_func, forward
 
     forward.clear_plans()
     calls = [make_qkv(2, 301, 301, 8, 2, head_dim, torch.bfloat16, packed=False)
              for _ in range(3)]
     outs = [flash_attn_func(*qkv, causal=causal, return_attn_probs=True)[:2] for qkv in calls]
-    assert len(forward._kept) == 1
+    assert len(forward._kept) == 1 and len(attention._known) == 1
     graph_qkv = [t.clone() for t in calls[0]]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -122,6 +122,47 @@ def test_equal_lengths_match_flash_attn_func_exactly(forward_family, monkeypatch
         assert torch.equal(grad.reshape(-1, heads, head_dim), grad_varlen)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_batch_repeated_at_one_signature_runs_its_kept_launch_on_each_calls_sequences(causal):
+    """Batches of one sequence count and longest lengths are known calls (flashgen/attention.py):
+    the first's kept params launched with each call's tensors and lengths, eager and in a CUDA
+    graph whose lengths change between replays."""
+    from flashgen import attention, forward
+
+    forward.clear_plans()
+    # one signature: the same totals (tensor shapes), sequence count and longest lengths
+    batches = [([130, 17, 64], [130, 300, 5]), ([64, 130, 17], [300, 5, 130]),
+               ([130, 0, 81], [1, 300, 134])]
+    calls = []
+    for lengths_q, lengths_k in batches:
+        q, k, v = (packed(lengths, heads, 128, torch.bfloat16).detach()
+                   for lengths, heads in ((lengths_q, 8), (lengths_k, 2), (lengths_k, 2)))
+        calls.append(((q, k, v, cu_seqlens(lengths_q), cu_seqlens(lengths_k)),
+                      (lengths_q, lengths_k)))
+    with torch.no_grad():
+        outs = [flash_attn_varlen_func(*tensors, 130, 300, causal=causal,
+                                       return_softmax_lse=True) for tensors, _ in calls]
+        assert len(forward._kept) == 1 and len(attention._known) == 1
+        graph_inputs = [t.clone() for t in calls[0][0]]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graph_out = flash_attn_varlen_func(*graph_inputs, 130, 300, causal=causal)
+    replayed = ([130, 17, 64], [250, 5, 180])
+    fresh = (*(packed(lengths, heads, 128, torch.bfloat16).detach()
+               for lengths, heads in ((replayed[0], 8), (replayed[1], 2), (replayed[1], 2))),
+             cu_seqlens(replayed[0]), cu_seqlens(replayed[1]))
+    for t, value in zip(graph_inputs, fresh):
+        t.copy_(value)
+    graph.replay()
+    checks = [(tensors, lengths, out) for ((tensors, lengths), (out, _)) in zip(calls, outs)]
+    checks.append((fresh, replayed, graph_out))
+    for (q, k, v, _, _), (lengths_q, lengths_k), out in checks:
+        dout = torch.zeros_like(q)
+        ref = per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast=True)[0]
+        same_dtype = per_sequence(q, k, v, lengths_q, lengths_k, causal, dout, upcast=False)[0]
+        assert_close_fa2(out, ref, same_dtype, "out")
+
+
 def test_a_training_step_compiles_without_graph_breaks():
     torch.manual_seed(0)
     lengths = [100, 37, 0, 64]
