@@ -505,25 +505,27 @@ def test_serving_grid_skips_caches_over_40_gb():
     assert all(c["kv_bytes"] <= serving.MAX_CACHE_BYTES for c in cells)
     assert not any(c["batch"] == 128 and c["cache_length"] == 131072 and c["heads_kv"] == 32
                    for c in cells)
-    assert len(cells) == 2 * 354  # per dtype: 354 cells
+    assert len(cells) == 2 * 472  # per dtype: 472 cells
 
 
 def test_serving_summary_compares_paged_cells_with_the_contiguous_peers():
     from flashgen.tools.bench import serving
 
     rows = [_serving_row(1, 0, 100.0, fa2=120.0, cudnn=110.0),
-            _serving_row(1, 16, 105.0), _serving_row(4, 0, 101.0, fa2=400.0, cudnn=200.0)]
+            _serving_row(1, 16, 105.0), _serving_row(1, 1, 130.0),
+            _serving_row(4, 0, 101.0, fa2=400.0, cudnn=200.0)]
     s = serving.summary({"rows": rows})
     # flashgen's time against the faster peer of the same (contiguous) cell
-    assert s["vs_faster_peer"]["n"] == 3
-    assert s["vs_faster_peer"]["min"] == pytest.approx(110.0 / 105.0)
+    assert s["vs_faster_peer"]["n"] == 4
+    assert s["vs_faster_peer"]["min"] == pytest.approx(110.0 / 130.0)
     assert s["vs_faster_peer"]["max"] == pytest.approx(200.0 / 101.0)
-    assert s["vs_faster_peer_eager"]["min"] == pytest.approx(110.0 / 210.0)
+    assert s["vs_faster_peer_eager"]["min"] == pytest.approx(110.0 / 260.0)
     assert s["page16_time_vs_dense"]["median"] == pytest.approx(1.05)
+    assert s["page1_time_vs_dense"]["median"] == pytest.approx(1.30)
     assert s["new_tokens_time_vs_one"]["median"] == pytest.approx(1.01)
     text = serving.markdown({"mode": "decode", "copy_rate": 3e12, "environment": {},
                              "rows": rows}, "flashgen bench --mode decode")
-    assert "`flashgen bench --mode decode`" in text and text.count("| bf16 | 128 |") == 3
+    assert "`flashgen bench --mode decode`" in text and text.count("| bf16 | 128 |") == 4
     assert "| 100.0 (" in text and "| 200.0 | 120.0 (" in text  # graph (bandwidth), then eager
 
 

@@ -2,8 +2,8 @@
 flash_attn_with_kvcache against SDPA's FLASH_ATTENTION and CUDNN_ATTENTION (enable_gqa=True) on
 the same inputs, in one process.
 
-decode: new tokens 1 and 4 read a cache of 1k-128k keys, contiguous and paged (pages 16 and 64
-in a shuffled block table over the same memory, so every implementation reads the same bytes;
+decode: new tokens 1 and 4 read a cache of 1k-128k keys, contiguous and paged (pages 1, 16 and
+64 in a shuffled block table over the same memory, so every implementation reads the same bytes;
 the peers read it as contiguous). All attend to the whole cache (no mask: with 1-4 queries a
 causal mask hides at most 3 keys, and SDPA's is_causal aligns top-left, which is not decoding's
 mask). Each cell reports time and the fraction of the measured device copy rate that the cell's
@@ -30,7 +30,7 @@ SERVING_MODES = ("decode", "prefill")
 PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
 DECODE_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (128, 64), "heads": ((32, 8), (32, 32)),
                "batches": (1, 8, 32, 128), "cache_lengths": (1024, 8192, 32768, 131072),
-               "new_tokens": (1, 4), "page_sizes": (0, 16, 64)}
+               "new_tokens": (1, 4), "page_sizes": (0, 1, 16, 64)}
 PREFILL_GRID = {"dtypes": ("bf16",), "head_dims": (128,), "heads": ((32, 8),), "batches": (1,),
                 "cache_lengths": (8192, 32768, 131072), "new_tokens": (512, 2048),
                 "page_sizes": (0, 64, 256)}
@@ -192,7 +192,8 @@ def summary(result: dict) -> dict:
         "dtype", "head_dim", "heads", "heads_kv", "batch", "cache_length", "new_tokens",
         "page_size"))
     by_key = {key(r): r for r in rows}
-    ratios, eager_ratios, large, new_vs_one, page_vs_dense = [], [], [], [], []
+    ratios, eager_ratios, large, new_vs_one = [], [], [], []
+    page_vs_dense = {1: [], 16: []}
     for r in rows:
         ours = _us(r["flashgen"])
         if ours is None:
@@ -210,16 +211,17 @@ def summary(result: dict) -> dict:
             one = _us(by_key[key(r, new_tokens=1)]["flashgen"])
             if one:
                 new_vs_one.append(ours / one)
-        if r["page_size"] == 16 and _us(dense["flashgen"]):
-            page_vs_dense.append(ours / _us(dense["flashgen"]))
+        if r["page_size"] in page_vs_dense and _us(dense["flashgen"]):
+            page_vs_dense[r["page_size"]].append(ours / _us(dense["flashgen"]))
 
     def stats(values):
         return ({"min": min(values), "median": statistics.median(values), "max": max(values),
                  "n": len(values)} if values else None)
     return {"vs_faster_peer": stats(ratios), "vs_faster_peer_eager": stats(eager_ratios),
             "large_cache_bandwidth": stats(large),
-            "new_tokens_time_vs_one": stats(new_vs_one), "page16_time_vs_dense":
-            stats(page_vs_dense)}
+            "new_tokens_time_vs_one": stats(new_vs_one),
+            **{f"page{page}_time_vs_dense": stats(values)
+               for page, values in page_vs_dense.items()}}
 
 
 def markdown(result: dict, command: str) -> str:
