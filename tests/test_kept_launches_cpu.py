@@ -164,15 +164,19 @@ def test_clear_plans_forgets_the_kept_backwards(record):
 
 # --- flash_attn_func's known calls ---------------------------------------------------------
 
+def counted_calls(monkeypatch, name: str) -> list:
+    """One entry per call of flashgen.attention's `name` (the checks of a call) from now on."""
+    from flashgen import attention
+
+    count, real = [], getattr(attention, name)
+    monkeypatch.setattr(attention, name, lambda *a, **k: count.append(1) or real(*a, **k))
+    return count
+
+
 @pytest.fixture
 def checked(monkeypatch):
     """How many flash_attn_func calls ran their checks (attention.dense_arguments)."""
-    from flashgen import attention
-
-    count, real = [], attention.dense_arguments
-    monkeypatch.setattr(attention, "dense_arguments",
-                        lambda *a, **k: count.append(1) or real(*a, **k))
-    return count
+    return counted_calls(monkeypatch, "dense_arguments")
 
 
 def test_a_known_call_skips_its_checks_and_launches_on_its_own_tensors(launches, checked):
@@ -245,12 +249,7 @@ def cumulative(*lengths):
 @pytest.fixture
 def checked_varlen(monkeypatch):
     """How many flash_attn_varlen_func calls ran their checks (attention.varlen_arguments)."""
-    from flashgen import attention
-
-    count, real = [], attention.varlen_arguments
-    monkeypatch.setattr(attention, "varlen_arguments",
-                        lambda *a, **k: count.append(1) or real(*a, **k))
-    return count
+    return counted_calls(monkeypatch, "varlen_arguments")
 
 
 @pytest.mark.parametrize("used", [False, True], ids=["cu_seqlens", "seqused_k"])
