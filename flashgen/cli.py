@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                        "/ seqlen); 1 shows where the forward's shape-aware tile choice pays")
     bench.add_argument("--heads", type=int, help="heads of every cell (default: 2048 / head dim)")
     bench.add_argument("--impl", action="append", help="implementations to time (default: all "
-                       "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH; "
+                       "of flashgen, FLASH_ATTENTION, CUDNN_ATTENTION, FA4 (FlashAttention-4, "
+                       "where flash-attn-4 is importable), EFFICIENT_ATTENTION, MATH; "
                        "on request flashgen_deterministic, and flashgen_main_tile or "
                        "flashgen_alt_tile: the forward on one tile whatever the shape)")
     bench.add_argument("--mode", action="append",

@@ -198,6 +198,8 @@ def raising(error):
      {"error": "CUDA out of memory. Tried 8 GiB"}),
     (raising(RuntimeError("No available kernel. Aborting execution.")), "fwd",
      {"error": "No available kernel. Aborting execution."}),
+    (raising(AssertionError("head_dim must be less than or equal to 256")), "fwd",  # FA4's way
+     {"unsupported": "flashgen: head_dim must be less than or equal to 256"}),
 ])
 def test_each_implementation_and_mode_is_timed_or_recorded_as_not_run(monkeypatch, impl, mode,
                                                                       expected):
@@ -543,3 +545,66 @@ def test_variants_cases_narrow_by_name_and_need_the_variants_mode(capsys):
     assert "no variants case starts with ['flash']" in capsys.readouterr().err
     assert main(["bench", "--mode", "fwd", "--case", "dropout"]) == 2
     assert "--case narrows --mode variants alone" in capsys.readouterr().err
+
+
+# --- FlashAttention-4 as a peer -----------------------------------------------------------------
+
+@pytest.fixture
+def fake_fa4(monkeypatch):
+    """flash_attn.cute whose flash_attn_func records its arguments and returns (2 q, None), as
+    FlashAttention-4's returns (out, lse)."""
+    import sys
+    import types
+
+    calls = []
+
+    def flash_attn_func(q, k, v, **arguments):
+        calls.append(arguments)
+        return 2 * q, None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = flash_attn_func
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    return calls
+
+
+def test_fa4_is_a_default_implementation_called_through_its_own_flash_attn_func(fake_fa4):
+    assert grid.FA4 in bench.IMPLEMENTATIONS
+    q = torch.randn(1, 8, 2, 4)
+    with timing.backend(grid.FA4):  # no SDPA backend
+        out = timing.implementation(grid.FA4, causal=True)(q, q, q)
+    assert torch.equal(out, 2 * q) and fake_fa4 == [{"causal": True}]
+
+
+def test_fa4_where_flash_attn_4_is_not_importable_is_unsupported_and_says_how_to_get_it(
+        monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # its import raises ImportError
+    result = timing.measure(grid.FA4, "fwd", False, cpu_inputs(), flops=8e9)
+    assert "pip install flash-attn-4" in result["unsupported"]
+
+
+def test_results_with_fa4_get_a_vs_fa4_column_and_screen_ratio():
+    result = fake_result()
+    for cell in result["cells"]:
+        cell["results"][grid.FA4] = {"ms": 1.0, "tflops": 250.0}
+    text = report.markdown(result)
+    assert "| flashgen | FLASH_ATTENTION | FA4 | MATH | ratio | vs FA4 |" in text
+    assert "| 270.0 | 300.0 | 250.0 | n/a | 0.90 | 1.08 |" in text  # fwd: FA2's, then FA4's ratio
+    assert "flashgen/FA4 1.08x" in report.format_cell(result["cells"][2])
+    assert "| vs FA4 |" not in report.markdown(fake_result())  # no column where FA4 never ran
+
+
+def test_variants_run_fa4_on_causal_the_window_and_softcap(fake_fa4):
+    from flashgen.tools.bench import variants
+
+    q = torch.randn(1, 8, 2, 4)
+    for case in variants.FA4_CASES:
+        variants._fa4(case)(q, q, q)
+    assert fake_fa4 == [{"causal": True}, {"causal": True, "window_size": (variants.WINDOW, 0)},
+                        {"causal": True, "softcap": variants.SOFTCAP}]
+    assert set(variants.FA4_CASES) <= set(variants.CASES)

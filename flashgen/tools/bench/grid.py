@@ -7,7 +7,11 @@ import math
 
 TOKENS = 16384
 HIDDEN = 2048
-IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+# FlashAttention-4 (flash-attn-4's flash_attn.cute, on (batch, seq, heads, dim) as flashgen): timed
+# where it is importable, "unsupported" with the reason where it is not.
+FA4 = "FA4"
+IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", FA4, "EFFICIENT_ATTENTION",
+                   "MATH")
 # Timed only when asked for (--impl): what deterministic=True costs flashgen's backward, and
 # flashgen's mma forward on one tile whatever the shape (flashgen.families.mma.pinned_forward_tile):
 # the main tile, or the head dim's first alt tile.

@@ -7,8 +7,8 @@ import json
 import math
 from pathlib import Path
 
-from flashgen.tools.bench.grid import (FLOP_FACTOR, KNOWN_IMPLEMENTATIONS, MAIN_TILE, MODE_NAMES,
-                                       MODES, PEER, mode_flops)
+from flashgen.tools.bench.grid import (FA4, FLOP_FACTOR, KNOWN_IMPLEMENTATIONS, MAIN_TILE,
+                                       MODE_NAMES, MODES, PEER, mode_flops)
 
 SCHEMA_VERSION = 2  # 2: cells of every mode, results may be {"unsupported": why}
 # A flashgen result where the forward is timed also names the forward tile that ran ("tile").
@@ -43,6 +43,9 @@ def format_cell(cell: dict) -> str:
     parts += [f"{name} {tflops_text(result):>6s}" for name, result in cell["results"].items()]
     r = ratio(cell)
     parts.append(f"flashgen/{PEER} {r:.2f}x" if r else f"flashgen/{PEER} n/a")
+    against_fa4 = ratio(cell, peer=FA4)
+    if against_fa4:
+        parts.append(f"flashgen/{FA4} {against_fa4:.2f}x")
     gain = ratio(cell, peer=MAIN_TILE)
     if gain:
         parts.append(f"flashgen/{MAIN_TILE} {gain:.2f}x")
@@ -106,9 +109,10 @@ def markdown(result: dict) -> str:
              f"{env['date']}, torch {env['torch']}, CUDA {env['cuda']}, cuDNN {env['cudnn']}, "
              f"driver {env.get('driver')}, flashgen {env['flashgen']} ({env.get('flashgen_commit')})",
              "", "TFLOP/s, with flashgen's forward tile in parentheses where known; ratio is "
-             "flashgen / FLASH_ATTENTION (FlashAttention-2), vs main tile (when timed) flashgen / "
-             "flashgen_main_tile. n/a: did not run (out of memory, or no kernel for the shape); "
-             "unsupported: the implementation lacks that mode.", ""]
+             "flashgen / FLASH_ATTENTION (FlashAttention-2), vs FA4 (where it ran) flashgen / "
+             "FlashAttention-4, vs main tile (when timed) flashgen / flashgen_main_tile. n/a: "
+             "did not run (out of memory, or no kernel for the shape); unsupported: the "
+             "implementation lacks that mode, or is not installed.", ""]
     impls = [n for n in KNOWN_IMPLEMENTATIONS if any(n in c["results"] for c in result["cells"])]
     for mode in modes_of(result):
         lines += [f"## {mode}: {MODE_NAMES[mode]} (FLOPs = {FLOP_FACTOR[mode]:g} x forward)", ""]
@@ -124,7 +128,10 @@ def _markdown_table(cells: list[dict], impls: list[str]) -> list[str]:
     """A heading and a table over seqlen for cells of one (mode, dtype, head dim, causality)."""
     first = cells[0]
     # flashgen / each peer, under its column name
-    peers = {PEER: "ratio"} | ({MAIN_TILE: "vs main tile"} if MAIN_TILE in impls else {})
+    ran = {name for cell in cells for name, result in cell["results"].items()
+           if "tflops" in result}
+    peers = ({PEER: "ratio"} | ({FA4: "vs FA4"} if FA4 in ran else {})
+             | ({MAIN_TILE: "vs main tile"} if MAIN_TILE in impls else {}))
     lines = [f"### {first['mode']} {first['dtype']} head dim {first['head_dim']} "
              f"{'causal' if first['causal'] else 'non-causal'}", "",
              "| seqlen | batch x heads | " + " | ".join([*impls, *peers.values()]) + " |",

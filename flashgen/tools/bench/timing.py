@@ -11,8 +11,9 @@ import subprocess
 import time
 
 from flashgen.tools.bench import report
-from flashgen.tools.bench.grid import (DEFAULT_MODES, FAMILY_IMPLEMENTATIONS, IMPLEMENTATIONS,
-                                       PINNED_TILES, grid_shape, input_sets, mode_flops)
+from flashgen.tools.bench.grid import (DEFAULT_MODES, FA4, FAMILY_IMPLEMENTATIONS,
+                                       IMPLEMENTATIONS, PINNED_TILES, grid_shape, input_sets,
+                                       mode_flops)
 
 
 def time_ms(fn, inputs: list, warmup: int = 5, repeats: int = 30, reset=None) -> float:
@@ -83,20 +84,34 @@ def implementation(name: str, causal: bool):
 
         deterministic = name == "flashgen_deterministic"
         return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    if name == FA4:
+        return fa4_call(causal=causal)
     return lambda q, k, v: F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal)
 
 
+def fa4_call(**arguments):
+    """(q, k, v) -> out of FlashAttention-4's flash_attn_func with these arguments (its
+    window_size takes None for an unbounded side); NotImplementedError, saying how to get it,
+    where flash-attn-4 is not importable."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError as e:
+        raise NotImplementedError(f"FlashAttention-4 is not importable ({e}); pip install "
+                                  "flash-attn-4") from e
+    return lambda q, k, v: flash_attn_func(q, k, v, **arguments)[0]  # (out, lse)
+
+
 def backend(name: str):
     """The context that selects an SDPA backend, or flashgen's forward tile (none for
-    flashgen itself: it picks by shape)."""
+    flashgen itself: it picks by shape, nor for FlashAttention-4)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if name in PINNED_TILES:
         return _pinned_tile(PINNED_TILES[name])
     if name in FAMILY_IMPLEMENTATIONS:
         return _forced_family(FAMILY_IMPLEMENTATIONS[name])
-    if name.startswith("flashgen"):
+    if name.startswith("flashgen") or name == FA4:
         return contextlib.nullcontext()
     return sdpa_kernel(getattr(SDPBackend, name))
 
@@ -236,6 +251,8 @@ def timed_samples(name: str, mode: str, causal: bool, inputs: list, warmup: int,
             return time_samples_ms(fn, sets, warmup, repeats, reset)
     except NotImplementedError as e:  # a subclass of RuntimeError: caught first
         return {"unsupported": _first_line(e)}
+    except AssertionError as e:  # FlashAttention-4 asserts on the inputs it does not take
+        return {"unsupported": f"{name}: {_first_line(e)}"}
     except RuntimeError as e:  # out of memory, or the backend has no kernel for this shape
         return {"error": _first_line(e)}
 

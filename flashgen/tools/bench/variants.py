@@ -3,19 +3,20 @@
 inputs in one process, forward and forward + backward; plain causal also against SDPA's
 FLASH_ATTENTION (FlashAttention-2) and CUDNN_ATTENTION. A window wider than the sequence is timed
 against flashgen's own dense kernel (it must cost nothing). Dropout, which FlexAttention does not
-take, is timed against those two SDPA backends with the same dropout_p.
+take, is timed against those two SDPA backends with the same dropout_p. Causal, the window and
+softcap also against FlashAttention-4 (FA4_CASES) where flash-attn-4 is importable.
 
 Every case is causal at seqlen 8k, batch 2, 16 heads (the issue's shapes), at head dims 128 and
-64, but the block-sparse one (FlashAttention-1's block-sparse attention is not causal).
-flashgen runs on (batch, seq, heads, dim) tensors, the peers on (batch, heads, seq, dim) copies
-of the same values, each in its own native layout. The document and block-sparse cases run the
-default config's `document` and `block_sparse` variants with their block masks built once
-outside the timing, as Flex's are. The block-sparse layout is BigBird's: each 128-block of
-queries sees the first key block, its neighbours and RANDOM_BLOCKS random others. The per-head
-windows case runs `head_window` with DuoAttention's split: odd heads a causal window of WINDOW
-keys (streaming heads), even heads the whole prefix; both sides build per-head block masks. The
-relative bias case runs `relative_bias` (a score modifier reading a per-head table by distance).
-Each implementation is timed in one block of calls, after the grid's rest (timing.ROUND_REST).
+64, but the block-sparse one (FlashAttention-1's block-sparse attention is not causal). flashgen
+and FA4 run on (batch, seq, heads, dim) tensors, the others on (batch, heads, seq, dim) copies of
+the same values, each in its own native layout. The document and block-sparse cases run the
+default config's `document` and `block_sparse` variants with their block masks built once outside
+the timing, as Flex's are. The block-sparse layout is BigBird's: each 128-block of queries sees
+the first key block, its neighbours and RANDOM_BLOCKS random others. The per-head windows case
+runs `head_window` with DuoAttention's split: odd heads a causal window of WINDOW keys (streaming
+heads), even heads the whole prefix; both sides build per-head block masks. The relative bias case
+runs `relative_bias` (a score modifier reading a per-head table by distance). Each implementation
+is timed in one block of calls, after the grid's rest (timing.ROUND_REST).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from flashgen.tools.bench.timing import ROUND_REST, environment, rest, time_ms, timed_call
+from flashgen.tools.bench.timing import (ROUND_REST, environment, fa4_call, rest, time_ms,
+                                         timed_call)
 
 VARIANTS_MODE = "variants"  # bench's --mode
 VARIANT_MODES = ("fwd", "fwd_bwd")
@@ -167,6 +169,22 @@ def _flex(case: str, inputs: Inputs, batch: int, heads: int, seqlen: int):
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
 
+# The cases FlashAttention-4 runs (its flash_attn_func's arguments), all causal like flashgen's.
+FA4_CASES = {"causal": {}, f"window {WINDOW}": {"window_size": (WINDOW, 0)},
+             f"softcap {SOFTCAP:g}": {"softcap": SOFTCAP}}
+
+
+def _fa4(case: str):
+    """FlashAttention-4's call (q, k, v) -> out for the case, (batch, seq, heads, dim); where
+    flash-attn-4 is not importable, a call that raises why (the row records it)."""
+    try:
+        return fa4_call(causal=True, **FA4_CASES[case])
+    except NotImplementedError as e:
+        def unavailable(q, k, v, why=str(e)):
+            raise NotImplementedError(why)
+        return unavailable
+
+
 def _sdpa(backend_name: str, dropout_p: float = 0.0):
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -194,7 +212,7 @@ def _time(mode: str, fn, inputs) -> dict:
     try:
         call, sets, reset = timed_call(mode, fn, inputs)
         return {"ms": time_ms(call, sets, reset=reset)}
-    except (RuntimeError, NotImplementedError) as e:
+    except (RuntimeError, NotImplementedError, AssertionError) as e:  # FA4 asserts on inputs
         return {"error": (str(e).splitlines() or [type(e).__name__])[0][:200]}
 
 
@@ -220,6 +238,9 @@ def run(grid: dict = GRID, log=print) -> dict:
             elif not case.startswith("dropout"):
                 impls["FlexAttention"] = _flex(case, inputs, batch, heads, seqlen)
                 layouts["FlexAttention"] = bhsd
+            if case in FA4_CASES:
+                impls["FA4"] = _fa4(case)
+                layouts["FA4"] = bshd
             if case == "causal" or case.startswith("dropout"):
                 for peer in SDPA_PEERS:
                     impls[peer] = _sdpa(peer, DROPOUT if case.startswith("dropout") else 0.0)
