@@ -79,8 +79,9 @@ def test_a_broken_variant_snippet_fails_with_its_table_and_the_compiler_message(
 def test_a_split_build_links_the_device_code_its_launcher_names(tmp_path, monkeypatch):
     """A split build (common/launch.cuh) compiles the device code to a cubin and the launch code
     apart; the library holds the whole cubin, and the launch code registers each of its kernels
-    by the name the launch looks up in it. The decode spec launches two kernels (append, and
-    attention whose last split combines)."""
+    by the name the launch looks up in it. The hd64 decode spec launches three kernels (append,
+    and attention whose last split combines, its warps across the rows or, over a paged cache,
+    across the keys)."""
     monkeypatch.setenv("FLASHGEN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("FLASHGEN_SPLIT_BUILD", "1")
     config = load_config(paths.DEFAULT_CONFIG)
@@ -94,5 +95,5 @@ def test_a_split_build_links_the_device_code_its_launcher_names(tmp_path, monkey
     assert cubin.startswith(b"\x7fELF") and cubin in entry.lib.read_bytes()
     symbols = re.findall(rb"_ZN8flashgen\d+[a-z_]+_kernelI\w+", cubin)
     kernels = {re.sub(rb"_param_\d+$", b"", symbol) for symbol in symbols}
-    assert len(kernels) == 2
+    assert len(kernels) == 3
     assert all(name in launch_code for name in kernels)
