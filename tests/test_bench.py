@@ -608,3 +608,79 @@ def test_variants_run_fa4_on_causal_the_window_and_softcap(fake_fa4):
     assert fake_fa4 == [{"causal": True}, {"causal": True, "window_size": (variants.WINDOW, 0)},
                         {"causal": True, "softcap": variants.SOFTCAP}]
     assert set(variants.FA4_CASES) <= set(variants.CASES)
+
+
+@pytest.fixture
+def fake_flashinfer(monkeypatch):
+    """flashinfer whose BatchDecodeWithPagedKVCacheWrapper records its plan and runs."""
+    import sys
+    import types
+
+    record = {}
+
+    class Wrapper:
+        def __init__(self, workspace, kv_layout, **options):
+            record["init"] = (workspace.numel(), kv_layout)
+            record["options"] = {name: value.tolist() if isinstance(value, torch.Tensor) else value
+                                 for name, value in options.items()}
+
+        def plan(self, indptr, indices, last_page_len, *sizes, **types_):
+            record["plan"] = (indptr.tolist(), indices.tolist(), last_page_len.tolist(), sizes,
+                              types_)
+
+        def run(self, q, paged):
+            record["run"] = (tuple(q.shape), tuple(paged[0].shape), tuple(paged[1].shape))
+            return q
+
+    module = types.ModuleType("flashinfer")
+    module.BatchDecodeWithPagedKVCacheWrapper = Wrapper
+    monkeypatch.setitem(sys.modules, "flashinfer", module)
+    return record
+
+
+def test_flashinfer_decodes_the_cells_paged_cache_through_the_same_block_table(fake_flashinfer):
+    from flashgen.tools.bench import serving
+
+    cell = dict(dtype="bf16", head_dim=64, heads=8, heads_kv=2, batch=2, cache_length=64,
+                new_tokens=1, page_size=16)
+    q = torch.randn(2, 1, 8, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 64, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    table = torch.tensor([[2, 0, 3, 1], [5, 7, 4, 6]], dtype=torch.int32)
+    serving._flashinfer(cell, q, k, v, table)()
+    assert fake_flashinfer["init"] == (serving.FLASHINFER_WORKSPACE_BYTES, "NHD")
+    indptr, indices, last, sizes, dtypes = fake_flashinfer["plan"]
+    assert fake_flashinfer["options"] == {  # its CUDA-graph mode: the plan's own buffers
+        "use_cuda_graph": True, "use_tensor_cores": False, "paged_kv_indptr_buffer": indptr,
+        "paged_kv_indices_buffer": indices, "paged_kv_last_page_len_buffer": last}
+    assert indptr == [0, 4, 8] and indices == [2, 0, 3, 1, 5, 7, 4, 6] and last == [16, 16]
+    assert sizes == (8, 2, 64, 16)
+    assert dtypes == {"q_data_type": torch.bfloat16, "kv_data_type": torch.bfloat16}
+    # one token a sequence, and the cache as pages of 16 rows
+    assert fake_flashinfer["run"] == ((2, 8, 64), (8, 16, 2, 64), (8, 16, 2, 64))
+
+
+def test_flashinfer_where_it_is_not_importable_says_how_to_get_it(monkeypatch):
+    import sys
+
+    from flashgen.tools.bench import serving
+
+    monkeypatch.setitem(sys.modules, "flashinfer", None)
+    with pytest.raises(NotImplementedError, match="pip install flashinfer-python"):
+        serving._flashinfer({}, None, None, None, None)
+
+
+def test_serving_summary_and_table_set_flashgen_beside_flashinfer_on_its_cells():
+    from flashgen.tools.bench import serving
+
+    paged = _serving_row(1, 16, 105.0)
+    paged[serving.FLASHINFER] = {"us": 126.0, "bandwidth": 0.8, "eager_us": 420.0}
+    rows = [_serving_row(1, 0, 100.0, fa2=120.0, cudnn=110.0), paged]
+    s = serving.summary({"rows": rows})
+    assert s["vs_flashinfer"] == {"min": 1.2, "median": 1.2, "max": 1.2, "n": 1}
+    assert s["vs_flashinfer_eager"]["median"] == pytest.approx(2.0)  # 420 / (2 x 105)
+    text = serving.markdown({"mode": "decode", "copy_rate": 3e12, "environment": {},
+                             "rows": rows}, "flashgen bench --mode decode")
+    assert "vs FlashInfer, graph" in text
+    assert text.rstrip().endswith("| 126.0 (80%) | 420.0 | 1.20 | 2.00 |")
+    assert "FlashInfer" not in serving.markdown(
+        {"mode": "decode", "copy_rate": 3e12, "environment": {}, "rows": rows[:1]}, "x")

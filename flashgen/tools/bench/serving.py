@@ -10,6 +10,11 @@ mask). Each cell reports time and the fraction of the measured device copy rate 
 K + V bytes over its time make. prefill (chunked): 512 or 2048 new queries over a cache of
 8k-128k keys with the bottom-right causal mask (SDPA: causal_lower_right).
 
+FlashInfer (flashinfer-python's BatchDecodeWithPagedKVCacheWrapper, NHD) reads the paged 16
+cells' caches through the same block table, one new token, where it is importable (planned once
+outside the timing, as a serving engine plans a step for every layer); a cell records why where
+it is not.
+
 Every implementation's call is timed twice (medians of CUDA events): captured in a CUDA graph
 and replayed, as serving engines run decode steps, which times the GPU's work; and eagerly, back
 to back (`eager_us`), as transformers' generate() and most research code call it, where a small
@@ -28,6 +33,9 @@ from flashgen.tools.bench.timing import environment, time_ms
 
 SERVING_MODES = ("decode", "prefill")
 PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+FLASHINFER = "FlashInfer"
+FLASHINFER_PAGE = 16  # the page size it is timed at (vLLM's default)
+FLASHINFER_WORKSPACE_BYTES = 128 << 20  # its documented split-k workspace
 DECODE_GRID = {"dtypes": ("bf16", "fp16"), "head_dims": (128, 64), "heads": ((32, 8), (32, 32)),
                "batches": (1, 8, 32, 128), "cache_lengths": (1024, 8192, 32768, 131072),
                "new_tokens": (1, 4), "page_sizes": (0, 1, 16, 64)}
@@ -90,6 +98,35 @@ def _flashgen(cell, q, k, v, table, causal):
                                            causal=causal)
 
 
+def _flashinfer(cell, q, k, v, table):
+    """FlashInfer's paged decode of the cell's one new token over its block table; its plan (the
+    schedule of the batch's pages) made here, outside the timing. NotImplementedError where
+    flashinfer is not importable."""
+    try:
+        import flashinfer
+    except ImportError as e:
+        raise NotImplementedError(f"FlashInfer is not importable ({e}); pip install "
+                                  "flashinfer-python") from e
+    import torch
+
+    page, batch = cell["page_size"], q.shape[0]
+    per_seq = cell["cache_length"] // page
+    indptr = torch.arange(0, (batch + 1) * per_seq, per_seq, dtype=torch.int32, device=q.device)
+    indices, last_page_len = table.reshape(-1), torch_full(batch, page, q.device)
+    # Its CUDA-graph mode (the plan's tensors as fixed buffers), as serving engines run it; CUDA
+    # cores, vLLM's choice for query groups of at most 4.
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=q.device), "NHD",
+        use_cuda_graph=True, use_tensor_cores=cell["heads"] // cell["heads_kv"] > 4,
+        paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
+        paged_kv_last_page_len_buffer=last_page_len)
+    wrapper.plan(indptr, indices, last_page_len, cell["heads"], cell["heads_kv"],
+                 cell["head_dim"], page, q_data_type=q.dtype, kv_data_type=q.dtype)
+    paged = (k.view(-1, page, *k.shape[2:]), v.view(-1, page, *v.shape[2:]))
+    one_token = q[:, 0]  # (batch, heads, dim)
+    return lambda: wrapper.run(one_token, paged)
+
+
 def torch_full(batch, value, device):
     import torch
 
@@ -135,11 +172,16 @@ def measure(cell: dict, causal: bool, rate: float) -> dict:
     impls = {"flashgen": _flashgen(cell, q, k, v, table, causal)}
     if not cell["page_size"]:
         impls.update({name: _peer(name, q, k, v, causal) for name in PEERS})
+    elif cell["page_size"] == FLASHINFER_PAGE and cell["new_tokens"] == 1 and not causal:
+        try:
+            impls[FLASHINFER] = _flashinfer(cell, q, k, v, table)
+        except NotImplementedError as e:
+            row[FLASHINFER] = {"error": str(e)}
     for name, fn in impls.items():
         try:
             ms = time_ms(_graphed(fn), [()], warmup=3, repeats=20)
             eager_ms = time_ms(fn, [()], warmup=10, repeats=50)
-        except RuntimeError as e:  # no kernel for this shape, out of memory
+        except (RuntimeError, ValueError) as e:  # no kernel for the shape, out of memory
             row[name] = {"error": str(e).splitlines()[0][:200]}
             continue
         row[name] = {"us": ms * 1e3, "bandwidth": cell["kv_bytes"] / (ms * 1e-3) / rate,
@@ -173,7 +215,7 @@ def _line(row) -> str:
     parts = [f"{row['dtype']} hd{row['head_dim']} h{row['heads']}/{row['heads_kv']} "
              f"b{row['batch']} L{row['cache_length']} new{row['new_tokens']} "
              f"page{row['page_size']}"]
-    for name in ("flashgen", *PEERS):
+    for name in ("flashgen", *PEERS, FLASHINFER):
         entry = row.get(name)
         if entry is None:
             continue
@@ -185,8 +227,9 @@ def _line(row) -> str:
 
 
 def summary(result: dict) -> dict:
-    """Ratios of flashgen to the faster peer (contiguous cell's peers for paged cells), the
-    bandwidth of large cells, 4 new tokens against 1 and page 16 against contiguous."""
+    """Ratios of flashgen to the faster peer (contiguous cell's peers for paged cells) and to
+    FlashInfer (on its own paged cells), the bandwidth of large cells, 4 new tokens against 1
+    and pages of 1 and 16 against contiguous."""
     rows = result["rows"]
     key = lambda r, **change: tuple({**r, **change}[k] for k in (  # noqa: E731
         "dtype", "head_dim", "heads", "heads_kv", "batch", "cache_length", "new_tokens",
@@ -194,6 +237,7 @@ def summary(result: dict) -> dict:
     by_key = {key(r): r for r in rows}
     ratios, eager_ratios, large, new_vs_one = [], [], [], []
     page_vs_dense = {1: [], 16: []}
+    vs_flashinfer = {"us": [], "eager_us": []}
     for r in rows:
         ours = _us(r["flashgen"])
         if ours is None:
@@ -213,6 +257,10 @@ def summary(result: dict) -> dict:
                 new_vs_one.append(ours / one)
         if r["page_size"] in page_vs_dense and _us(dense["flashgen"]):
             page_vs_dense[r["page_size"]].append(ours / _us(dense["flashgen"]))
+        for timing, values in vs_flashinfer.items():
+            theirs, mine = _us(r.get(FLASHINFER), timing), _us(r["flashgen"], timing)
+            if theirs and mine:
+                values.append(theirs / mine)
 
     def stats(values):
         return ({"min": min(values), "median": statistics.median(values), "max": max(values),
@@ -221,7 +269,9 @@ def summary(result: dict) -> dict:
             "large_cache_bandwidth": stats(large),
             "new_tokens_time_vs_one": stats(new_vs_one),
             **{f"page{page}_time_vs_dense": stats(values)
-               for page, values in page_vs_dense.items()}}
+               for page, values in page_vs_dense.items()},
+            "vs_flashinfer": stats(vs_flashinfer["us"]),
+            "vs_flashinfer_eager": stats(vs_flashinfer["eager_us"])}
 
 
 def markdown(result: dict, command: str) -> str:
@@ -233,11 +283,15 @@ def markdown(result: dict, command: str) -> str:
         if values:
             lines.append(f"- {name}: median {values['median']:.3f}, min {values['min']:.3f}, "
                          f"max {values['max']:.3f} over {values['n']} cells")
+    rows = result["rows"]
+    # FlashInfer's columns where it ran in some cell (its paged 16 cells)
+    flashinfer = any(_us(r.get(FLASHINFER)) for r in rows)
     lines += ["", "Graph: CUDA-graph replay; eager: back-to-back calls.", "",
               "| dtype | hd | heads | batch | cache | new | page | flashgen graph us (bw) | "
               "eager | FA2 graph us (bw) | eager | cuDNN graph us (bw) | eager | vs faster "
-              "peer, graph | eager |", "|" + "---|" * 15]
-    rows = result["rows"]
+              "peer, graph | eager |"
+              + (" FlashInfer graph us (bw) | eager | vs FlashInfer, graph | eager |"
+                 if flashinfer else ""), "|" + "---|" * (19 if flashinfer else 15)]
     dense = {tuple(r[k] for k in ("dtype", "head_dim", "heads", "heads_kv", "batch",
                                   "cache_length", "new_tokens")): r
              for r in rows if not r["page_size"]}
@@ -249,10 +303,10 @@ def markdown(result: dict, command: str) -> str:
         eager = _us(entry, "eager_us")
         return f"{us:.1f} ({entry['bandwidth']:.0%}) | " + (f"{eager:.1f}" if eager else "-")
 
-    def ratio(timing, d, r):
-        peers = [u for u in (_us(d.get(p), timing) for p in PEERS) if u is not None]
+    def ratio(timing, d, r, peers=PEERS):
+        theirs = [u for u in (_us(d.get(p), timing) for p in peers) if u is not None]
         ours = _us(r["flashgen"], timing)
-        return f"{min(peers) / ours:.2f}" if peers and ours else "-"
+        return f"{min(theirs) / ours:.2f}" if theirs and ours else "-"
     for r in rows:
         d = dense.get(tuple(r[k] for k in ("dtype", "head_dim", "heads", "heads_kv", "batch",
                                            "cache_length", "new_tokens")), r)
@@ -260,7 +314,9 @@ def markdown(result: dict, command: str) -> str:
                      f"{r['batch']} | {r['cache_length']} | {r['new_tokens']} | "
                      f"{r['page_size'] or '-'} | {cell(r['flashgen'])} | "
                      f"{cell(d.get('FLASH_ATTENTION'))} | {cell(d.get('CUDNN_ATTENTION'))} | "
-                     f"{ratio('us', d, r)} | {ratio('eager_us', d, r)} |")
+                     f"{ratio('us', d, r)} | {ratio('eager_us', d, r)} |"
+                     + (f" {cell(r.get(FLASHINFER))} | {ratio('us', r, r, (FLASHINFER,))} | "
+                        f"{ratio('eager_us', r, r, (FLASHINFER,))} |" if flashinfer else ""))
     return "\n".join(lines) + "\n"
 
 
