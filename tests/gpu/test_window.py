@@ -119,13 +119,16 @@ def test_varlen_sequences_each_see_their_own_window(case):
 
 
 @pytest.mark.parametrize("seqlen_q", [1, 4, 300])
-@pytest.mark.parametrize("page_size", [None, 256], ids=lambda p: f"page{p}" if p else "dense")
+@pytest.mark.parametrize("page_size", [None, 16, 256], ids=lambda p: f"page{p}" if p else "dense")
 @pytest.mark.parametrize("case", [((100, 0), True), ((40, 8), False)], ids=window_id)
-def test_kv_cache_attends_to_the_window(case, page_size, seqlen_q):
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_kv_cache_attends_to_the_window(head_dim, case, page_size, seqlen_q):
+    """Pages of 16 at head dim 64 run one token on the warps split across the keys
+    (mma/decode_launch.cuh), the others on the warps across the rows."""
     from tests.gpu.test_kvcache import Cache
 
     window, causal = case
-    batch, capacity, heads, heads_kv, head_dim, dtype = 3, 1024, 8, 2, 128, torch.bfloat16
+    batch, capacity, heads, heads_kv, dtype = 3, 1024, 8, 2, torch.bfloat16
     lengths = [seqlen_q, 500, capacity]
     cache = Cache(batch, capacity, heads_kv, head_dim, dtype, lengths, page_size)
     q = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda", dtype=dtype)
