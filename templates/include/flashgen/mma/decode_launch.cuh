@@ -1,6 +1,6 @@
 // Host side of one decode specialisation: append (when the call brings new keys), then split-KV
 // attention whose last split to finish combines (unless num_splits is 0), its warps across the
-// rows or, for a step of one warp's rows, across the keys. Every kernel in the
+// rows or, for a step of one warp's rows over a paged cache, across the keys. Every kernel in the
 // caller's stream; no device reads, no allocation, so a CUDA graph replays it with new
 // cache_seqlens and block tables.
 #pragma once
