@@ -217,7 +217,43 @@ def build_binding(log: Callable[[str], None] = print) -> Path:
 
     import pybind11
 
-    module = cache.binding_path()
+    includes = [Path(pybind11.get_include()), Path(sysconfig.get_paths()["include"]),
+                paths.INCLUDE_DIR]
+    return _build_host_module(cache.binding_path(), cache.BINDING_SOURCE, cache.CXX_FLAGS,
+                              includes, [], "the binding", "once per Python version", log)
+
+
+def build_replay(log: Callable[[str], None] = print) -> Path:
+    """The compiled replay of known calls (templates/replay.cpp) for this Python and torch,
+    against torch's headers and libraries and the CUDA runtime of the toolkit nvcc is in;
+    built once (seconds)."""
+    import sysconfig
+
+    import torch
+    from torch.utils import cpp_extension
+
+    nvcc = paths.nvcc_path()
+    if nvcc is None:
+        raise BuildError("flashgen: the replay of known calls needs the CUDA toolkit's headers "
+                         "and runtime: put nvcc on PATH or set CUDA_HOME")
+    toolkit = Path(nvcc).resolve().parent.parent
+    flags = [*cache.REPLAY_FLAGS,
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    includes = [Path(sysconfig.get_paths()["include"]), *map(Path, cpp_extension.include_paths()),
+                toolkit / "include"]
+    libraries = [arg for d in (*cpp_extension.library_paths(), toolkit / "lib64")
+                 for arg in (f"-L{d}", f"-Wl,-rpath,{d}")]
+    libraries += ["-lc10", "-lc10_cuda", "-ltorch_cpu", "-ltorch_python", "-lcudart"]
+    return _build_host_module(cache.replay_path(), cache.REPLAY_SOURCE, flags, includes,
+                              libraries, "the replay of known calls", "once per torch version",
+                              log)
+
+
+def _build_host_module(module: Path, source: Path, flags: list[str], includes: list[Path],
+                       libraries: list[str], name: str, once: str,
+                       log: Callable[[str], None]) -> Path:
+    """A Python extension module from one C++ source with the host compiler, published into
+    its cache folder by an atomic rename."""
     final = module.parent
     root = final.parent
     if module.is_file():
@@ -228,16 +264,14 @@ def build_binding(log: Callable[[str], None] = print) -> Path:
         build_dir = root / ".build"
         build_dir.mkdir(parents=True, exist_ok=True)
         output = build_dir / f"{final.name}-{module.name}"
-        includes = [Path(pybind11.get_include()), Path(sysconfig.get_paths()["include"]),
-                    paths.INCLUDE_DIR]
         (build_dir / "build.ninja").write_text(
-            ninja.binding_ninja(cache.BINDING_SOURCE, output, os.environ.get("CXX", "c++"),
-                                cache.CXX_FLAGS, includes))
-        log("flashgen: compiling the Python binding (once per Python version)")
+            ninja.host_module_ninja(source, output, os.environ.get("CXX", "c++"), flags,
+                                    includes, libraries))
+        log(f"flashgen: compiling {name} ({once})")
         ok, out, _ = run_ninja(build_dir, None, log)
         if not ok:
-            raise BuildError(f"flashgen: the binding failed to build:\n{out}")
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-binding-", dir=root))
+            raise BuildError(f"flashgen: {name} failed to build:\n{out}")
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-module-", dir=root))
         shutil.copyfile(output, tmp / module.name)
         try:
             tmp.rename(final)

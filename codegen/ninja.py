@@ -100,15 +100,16 @@ def kernel_ninja(targets: list[KernelTarget], nvcc: str, nvcc_flags: list[str],
     return "\n".join(lines) + "\n"
 
 
-def binding_ninja(source: Path, output: Path, cxx: str, cxx_flags: list[str],
-                  include_dirs: list[Path]) -> str:
-    """The pybind11 module: host compiler only, no CUDA."""
+def host_module_ninja(source: Path, output: Path, cxx: str, cxx_flags: list[str],
+                      include_dirs: list[Path], libraries: list[str] = ()) -> str:
+    """A Python extension module from one C++ source (the binding, the replay): host compiler
+    only, no nvcc."""
     includes = " ".join(f"-I{_escape(d)}" for d in include_dirs)
     return "\n".join([
         "ninja_required_version = 1.3",
         "rule cxx",
-        f"  command = {cxx} {' '.join(cxx_flags)} {includes} $in -o $out",
-        "  description = c++ binding",
+        f"  command = {cxx} {' '.join(cxx_flags)} {includes} $in -o $out {' '.join(libraries)}",
+        "  description = c++ module",
         f"build {_escape(output)}: cxx {_escape(source)}",
         f"default {_escape(output)}",
     ]) + "\n"

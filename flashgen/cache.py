@@ -7,6 +7,8 @@ Layout (root: codegen.paths.cache_dir()):
     <arch>/.build/                                   ninja's working folder (never loaded from)
     <arch>/.lock                                     held while building that arch
     binding/py<major><minor>-<key>/                  the pybind11 binding of one Python
+    replay/py<major><minor>-<key>/                   the compiled replay of known calls (one
+                                                     Python and torch)
 An entry's key is input_key (every input of the spec's render and compile but the compiler: see
 there) and the nvcc version. Entries are published by an atomic rename and verified (size and
 sha256) before they are loaded, so a killed build or a truncated file is rebuilt, never loaded.
@@ -49,6 +51,9 @@ RENDERER_SOURCE = paths.PACKAGE_DIR / "render.py"
 
 BINDING_SOURCE = paths.TEMPLATES_DIR / "binding.cpp"
 CXX_FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden"]
+REPLAY_SOURCE = paths.TEMPLATES_DIR / "replay.cpp"
+# torch's headers need C++20's bit-field initialisers from torch 2.13 on.
+REPLAY_FLAGS = ["-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden", "-w"]
 
 
 @dataclass(frozen=True)
@@ -291,3 +296,18 @@ def binding_path() -> Path:
                              pybind11.__version__, cxx, " ".join(CXX_FLAGS)]).encode())[:16]
     folder = paths.cache_dir() / "binding" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}"
     return folder / f"_flashgen_binding{sysconfig.get_config_var('EXT_SUFFIX')}"
+
+
+def replay_path() -> Path:
+    """Where the compiled replay of known calls (flashgen/replay.py) is, once built
+    (codegen/build.py's build_replay): keyed by its source, the Python and torch versions (it
+    is built against torch's headers and libraries), the C++ compiler and its flags."""
+    import sysconfig
+
+    import torch
+
+    cxx = os.environ.get("CXX", "c++")
+    key = _sha256("\0".join([REPLAY_SOURCE.read_text(), sys.version, torch.__version__,
+                             str(torch.version.cuda), cxx, " ".join(REPLAY_FLAGS)]).encode())[:16]
+    folder = paths.cache_dir() / "replay" / f"py{sys.version_info[0]}{sys.version_info[1]}-{key}"
+    return folder / f"_flashgen_replay{sysconfig.get_config_var('EXT_SUFFIX')}"

@@ -200,6 +200,7 @@ def _generate(args) -> int:
     built_already = all(cache.find_entry(spec) is not None for spec in selected)
     entries = build.build(selected, jobs=args.jobs)  # it says what it compiles and how long
     build.build_binding()  # else the first call builds it (20 s on the H200 host)
+    _build_replay(build)
     if built_already:
         where = sorted({str(e.path.parent) for e in entries})
         print(f"flashgen: all {len(entries)} kernel(s) were built already -> {', '.join(where)}")
@@ -211,6 +212,20 @@ def _generate(args) -> int:
     if not default_config:
         print(f"flashgen: to use this config at run time, set FLASHGEN_CONFIG={config.path}")
     return 0
+
+
+def _build_replay(build) -> None:
+    """The compiled replay of known decode calls, where this torch can run one (a CUDA build);
+    optional, so a failure is a warning (decode calls then run from Python)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return
+    try:
+        build.build_replay()
+    except Exception as error:  # noqa: BLE001 - BuildError, or torch without its headers
+        print(f"flashgen: warning: the replay of known decode calls did not build, so decode "
+              f"calls run from Python: {error}", file=sys.stderr)
 
 
 def _head_dims(config, archs) -> str:

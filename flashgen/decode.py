@@ -161,6 +161,31 @@ def run_plan(plan: _Plan, arguments: tuple, lse_wanted: bool):
     return _run(plan, (*arguments, None), lse_wanted, aligned_only=True)
 
 
+# Each input source's place in decode's arguments (those _run reads its addresses from).
+SOURCE_ARGUMENTS = tuple(decode.__code__.co_varnames.index(name) for name in (
+    "q", "k_cache", "v_cache", "k_new", "v_new", "rotary_cos", "rotary_sin", "cache_seqlens",
+    "cache_batch_idx", "cache_leftpad", "block_table", "alibi_slopes", "sinks", "cu_seqlens_q"))
+
+
+def replay_parts(plan: _Plan) -> tuple | None:
+    """What flashgen/replay.py keeps of a plan to launch it from C++ as _run does: (the input
+    sources it reads, the per-call sources' indices (out, lse, q_rot, o_accum, lse_accum,
+    split_counters, then their count), per launch (launcher, error string, params bytes, flat
+    (byte offset, source, offset) patches), workspace, lse_rows, counters, rotary); None for a
+    plan whose attention runs on a forward, which only _run launches."""
+    if plan.attention is not None:
+        return None
+    launches = []
+    for launch in plan.launches:
+        launcher, error_string, params_bytes, offsets = launch.prepared.parts()
+        patches = [value for byte, (_, source, offset) in zip(offsets, launch.addresses)
+                   for value in (byte, source, offset)]
+        launches.append((launcher, error_string, params_bytes, patches))
+    roles = (_O, _LSE, _Q_ROT, _O_ACCUM, _LSE_ACCUM, _COUNTERS, len(_SOURCES))
+    return (plan.inputs, roles, tuple(launches), plan.workspace, plan.lse_rows, plan.counters,
+            plan.rotary)
+
+
 def _signature(arguments: tuple):
     """The key of a call's plan: each tensor's shape, strides and dtype, the other arguments as
     they are; None (plan the call apart) for a variant's call, whose mask and tensors are

@@ -4,11 +4,11 @@ page size, appended to in place, with rotary embeddings; split-KV decoding)."""
 from __future__ import annotations
 
 import operator
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
-from flashgen import decode, host, op_schema, ops, validate, variant_args
+from flashgen import decode, host, op_schema, ops, replay, validate, variant_args
 from flashgen.modifiers import PLAIN
 
 
@@ -47,6 +47,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     softmax_lse), lse (batch, nheads, seqlen_q) fp32. Not differentiable. CUDA-graph safe:
     nothing on the device is read on the host (FLASHGEN_DEBUG_CHECKS=1 reads and checks it).
     """
+    if variant is None and variant_tensors is None and ops.nothing_sees_ops():
+        ran = replay.decode(return_softmax_lse, q, k_cache, v_cache, k, v, rotary_cos,
+                            rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
+                            block_table, softmax_scale, causal, window_size, softcap,
+                            rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink)
+        if ran is not None:
+            return ran
     given = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
              cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
              rotary_interleaved, alibi_slopes, num_splits, s_aux, learnable_sink)
@@ -61,6 +68,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         if key is not None:
             known = _known_call(arguments, given)
             if known is not None:
+                known.offered = _replay(known, given)
                 if len(_known) >= MAX_RECIPES:
                     _known.clear()
                 _known[key] = known
@@ -68,6 +76,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
         arguments = known.arguments(given + known.values)
         ran = None
         if known.plan is not None and ops.nothing_sees_ops():
+            if known.offered != replay.generation:  # not loaded then, or it forgot since
+                known.offered = _replay(known, given)
             ran = decode.run_plan(known.plan, arguments, return_softmax_lse)
         out, lse = ran if ran is not None else ops.attention_with_kvcache(arguments)
     return (out, lse) if return_softmax_lse else out
@@ -88,14 +98,20 @@ _TENSOR_ARGUMENTS = frozenset((0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 18, 19))
 _signature = host.Signature(tuple(sorted(_TENSOR_ARGUMENTS)), 20)
 
 
-class _Known(NamedTuple):
-    arguments: Callable  # (given + values) -> the op's arguments
-    values: tuple        # the arguments that are none of the call's tensors
-    plan: object         # decode's plan for the call (ops.kvcache_plan), or None
+class _Known:
+    __slots__ = ("arguments", "values", "positions", "plan", "offered")
+
+    def __init__(self, arguments: Callable, values: tuple, positions: tuple, plan):
+        self.arguments = arguments  # (given + values) -> the op's arguments
+        self.values = values        # the arguments that are none of the call's tensors
+        self.positions = positions  # each of the op's arguments' index in given + values
+        self.plan = plan            # decode's plan for the call (ops.kvcache_plan), or None
+        self.offered = -1           # replay.generation when offered to the compiled replay
 
 
 def clear_recipes() -> None:
     _known.clear()
+    replay.forget()
 
 
 decode.holds_plans(clear_recipes)
@@ -115,7 +131,22 @@ def _known_call(arguments: tuple, given: tuple) -> _Known | None:
         else:
             positions.append(len(given) + len(values))
             values.append(value)
-    return _Known(operator.itemgetter(*positions), tuple(values), ops.kvcache_plan(arguments))
+    return _Known(operator.itemgetter(*positions), tuple(values), tuple(positions),
+                  ops.kvcache_plan(arguments))
+
+
+def _replay(known: _Known, given: tuple) -> int:
+    """Offers a known call's plan to the compiled replay, its inputs read from given: the
+    replay's generation where it was loaded to be offered it (it may still keep none: a plan
+    on a forward, an argument its match does not compare), else -1."""
+    if not replay.ready():
+        return -1
+    parts = decode.replay_parts(known.plan) if known.plan is not None else None
+    if parts is not None:
+        positions = {source: known.positions[decode.SOURCE_ARGUMENTS[source]]
+                     for source in parts[0]}
+        replay.keep_decode(given, parts, positions)
+    return replay.generation
 
 
 def _arguments(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,

@@ -86,6 +86,15 @@ class Prepared {
     call(launcher_, error_string_, p, values[offsets_.size()].cast<std::uintptr_t>());
   }
 
+  // (launcher, error-string function, the params' bytes, the patched members' byte offsets):
+  // what flashgen/replay.py keeps for its compiled replay of a known call.
+  pybind11::tuple parts() const {
+    return pybind11::make_tuple(launcher_, error_string_,
+                                pybind11::bytes(reinterpret_cast<const char*>(&params_),
+                                                sizeof params_),
+                                offsets_);
+  }
+
  private:
   std::uintptr_t launcher_, error_string_;
   Params params_;
@@ -151,12 +160,15 @@ PYBIND11_MODULE(_flashgen_binding, m) {
   m.def("bwd", binding(&bwd_members));
   m.def("decode", binding(&decode_members));
   pybind11::class_<Prepared<flashgen::FwdParams>>(m, "PreparedFwd")
-      .def("__call__", &Prepared<flashgen::FwdParams>::operator());
+      .def("__call__", &Prepared<flashgen::FwdParams>::operator())
+      .def("parts", &Prepared<flashgen::FwdParams>::parts);
   m.def("prepare_fwd", preparer(&fwd_members));
   pybind11::class_<Prepared<flashgen::BwdParams>>(m, "PreparedBwd")
-      .def("__call__", &Prepared<flashgen::BwdParams>::operator());
+      .def("__call__", &Prepared<flashgen::BwdParams>::operator())
+      .def("parts", &Prepared<flashgen::BwdParams>::parts);
   m.def("prepare_bwd", preparer(&bwd_members));
   pybind11::class_<Prepared<flashgen::DecodeParams>>(m, "PreparedDecode")
-      .def("__call__", &Prepared<flashgen::DecodeParams>::operator());
+      .def("__call__", &Prepared<flashgen::DecodeParams>::operator())
+      .def("parts", &Prepared<flashgen::DecodeParams>::parts);
   m.def("prepare_decode", preparer(&decode_members));
 }

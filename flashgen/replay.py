@@ -1,0 +1,125 @@
+"""The compiled replay of known decode calls: templates/replay.cpp, built against this torch,
+matches a flash_attn_with_kvcache call's arguments to a plan decode made for an earlier call of
+the same signature and launches it with no Python between the call and the launch (the host
+time of a decode step is what eager serving pays on every layer of every token).
+
+Optional. Where it is not built yet the same plans run from Python while it builds in the
+background (once per Python and torch version; `flashgen generate` builds it too);
+FLASHGEN_JIT=0 builds nothing at call time, FLASHGEN_REPLAY=0 turns it off, and a failed build
+says so once and leaves the Python path."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import threading
+
+from codegen import paths
+from flashgen import cache
+
+
+def _off(lse_wanted, *arguments):
+    return None
+
+
+def _first(lse_wanted, *arguments):
+    """decode() of the first call in a process: loads the module, or starts its build."""
+    global decode
+    decode = _off
+    _start()
+    return decode(lse_wanted, *arguments)
+
+
+# decode(lse_wanted, *flash_attn_with_kvcache's arguments in kvcache.given's order): out, or
+# (out, lse) where lse_wanted, for a call that matches a kept plan; None for any other.
+decode = _first
+_module = None
+_lock = threading.Lock()
+# Counts forget()s: a plan offered to keep_decode in an earlier generation is no longer kept.
+generation = 0
+
+
+def _start() -> None:
+    if os.environ.get("FLASHGEN_REPLAY") == "0":
+        return
+    import torch
+
+    if torch.version.cuda is None:
+        return
+    try:
+        path = cache.replay_path()
+    except OSError:
+        return
+    if path.is_file():
+        _load(path)
+    elif paths.jit_enabled():
+        threading.Thread(target=_build_then_load, daemon=True).start()
+
+
+def _build_then_load() -> None:
+    from codegen import build
+
+    try:
+        path = build.build_replay(log=lambda message: None)
+    except Exception as error:  # noqa: BLE001 - the Python path keeps serving the calls
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        print(f"flashgen: the replay of known decode calls did not build ({first_line}); "
+              f"decode calls run from Python", file=sys.stderr)
+        return
+    _load(path)
+
+
+def _load(path) -> None:
+    global _module, decode
+    with _lock:
+        if _module is None:
+            spec = importlib.util.spec_from_file_location("_flashgen_replay", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _module = module
+        decode = _module.decode
+
+
+def ready() -> bool:
+    """Whether calls are matched and replayed from C++ now."""
+    return _module is not None and decode is _module.decode
+
+
+def keep_decode(given: tuple, parts: tuple, source_positions: dict) -> bool:
+    """Keeps decode's plan (decode.replay_parts' parts) for calls of given's signature, each of
+    its input sources read from the argument at source_positions[source]; False where the
+    module is not loaded, an argument is of a kind its match does not compare, or it keeps as
+    many signatures as it takes."""
+    if not ready():
+        return False
+    inputs, roles, launches, workspace, lse_rows, counters, rotary = parts
+    pairs = [value for source in inputs for value in (source, source_positions[source])]
+    return _module.keep_decode(given, pairs, roles, launches, workspace, lse_rows, counters,
+                               rotary, source_positions[0])
+
+
+def replays() -> int:
+    """How many calls the compiled replay has launched in this process (0 where not loaded)."""
+    return _module.replays() if _module is not None else 0
+
+
+def split_counters() -> list:
+    """The split counters the compiled replay keeps per stream (tests: every one back at 0)."""
+    return _module.split_counters() if _module is not None else []
+
+
+def forget() -> None:
+    """Drops every kept plan (decode.clear_plans)."""
+    global generation
+    generation += 1
+    if _module is not None:
+        _module.forget()
+
+
+def reset() -> None:
+    """Unloads nothing but starts over: the next call reads FLASHGEN_REPLAY and the cache
+    again (tests)."""
+    global decode
+    forget()
+    decode = _first
