@@ -3,11 +3,9 @@ drop-in for PyTorch's SDPA."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
-from flashgen import forward, host, kvcache, ops, validate, variant_args
+from flashgen import forward, host, kvcache, ops, replay, validate, variant_args
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
@@ -47,6 +45,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     true (the default config's document variant does).
     """
     key = None
+    if variant is None and variant_tensors is None and block_mask is None:
+        if ops.nothing_sees_ops():
+            ran = replay.forward(1 if return_attn_probs else 0, q, k, v, dropout_p,
+                                 softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                 deterministic, s_aux, learnable_sink)
+            if ran is not None:
+                return ran
     if (variant is None and variant_tensors is None and block_mask is None
             and not torch.compiler.is_compiling()):  # dynamo traces no itemgetter
         given = (q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
@@ -55,6 +60,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         known = _known.get(key) if key is not None else None
         if (known is not None and not (known.requires_grad and torch.is_grad_enabled())
                 and not torch.is_autocast_enabled("cuda") and ops.nothing_sees_ops()):
+            if known.offered != replay.generation:  # not loaded then, or it forgot since
+                known.offered = _offer(known, given, _DENSE_INPUTS, 4)
             ran = forward.run_kept(known.launch, q, k, v, heads_first=False)
             if ran is not None:
                 return (*ran, None) if return_attn_probs else ran[0]
@@ -65,7 +72,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out, lse = ops.attention(q, k, v, scale, mask, band, bool(deterministic), heads_first=False,
                              mods=mods)
     if key is not None and _keeps(inputs, (q, k, v)):
-        _know(key, forward.kept_launch(q, k, v, scale, mask, band, False, mods), inputs)
+        known = _know(key, forward.kept_launch(q, k, v, scale, mask, band, False, mods), inputs)
+        if known is not None:
+            known.offered = _offer(known, given, _DENSE_INPUTS, 4)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -79,13 +88,31 @@ MAX_KNOWN = 1024
 _known: dict = {}
 _signature = host.Signature((0, 1, 2, 8, 10, 11), 12)
 _varlen_signature = host.Signature((0, 1, 2, 3, 4, 12, 14, 15, 16), 17)
+# Where a known call's inputs (q, k, v, then the sequences' tensors) are in its given tuple.
+_DENSE_INPUTS = (0, 1, 2)
+_VARLEN_INPUTS = (0, 1, 2, 3, 4)
+_SEQUSED_K = 14
 
 
-def _know(key, launch, inputs: tuple) -> None:
-    if launch is not None:
-        if len(_known) >= MAX_KNOWN:
-            _known.clear()
-        _known[key] = _Known(launch, any(t.requires_grad for t in inputs))
+def _know(key, launch, inputs: tuple) -> _Known | None:
+    if launch is None:
+        return None
+    if len(_known) >= MAX_KNOWN:
+        _known.clear()
+    known = _known[key] = _Known(launch, any(t.requires_grad for t in inputs))
+    return known
+
+
+def _offer(known: _Known, given: tuple, input_positions: tuple, q_dims: int) -> int:
+    """Offers a known call's launch to the compiled replay (flashgen/replay.py), which takes
+    calls without autograd: the replay's generation where it was loaded to be offered it (it
+    may still keep none), else -1."""
+    if not replay.ready():
+        return -1
+    if not known.requires_grad:
+        parts = forward.replay_parts(known.launch, len(input_positions) - 3, q_dims)
+        replay.keep_forward(given, parts, input_positions)
+    return replay.generation
 
 
 def _forget_known() -> None:
@@ -95,9 +122,14 @@ def _forget_known() -> None:
 forward.holds_launches(_forget_known)
 
 
-class _Known(NamedTuple):
-    launch: object       # forward's kept launch
-    requires_grad: bool  # an input that requires grad: autograd records where grad is enabled
+class _Known:
+    __slots__ = ("launch", "requires_grad", "offered")
+
+    def __init__(self, launch, requires_grad: bool):
+        self.launch = launch                # forward's kept launch
+        # an input that requires grad: autograd records where grad is enabled
+        self.requires_grad = requires_grad
+        self.offered = -1                   # replay.generation when offered to the replay
 
 
 def _keeps(given: tuple, checked: tuple) -> bool:
@@ -174,6 +206,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     """
     key = None
     if (block_table is None and out is None and variant is None and variant_tensors is None
+            and block_mask is None and ops.nothing_sees_ops()):
+        ran = replay.forward(1 if return_attn_probs else 2 if return_softmax_lse else 0, q, k,
+                             v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             dropout_p, softmax_scale, causal, window_size, softcap,
+                             alibi_slopes, deterministic, seqused_k, s_aux, learnable_sink)
+        if ran is not None:
+            return ran
+    if (block_table is None and out is None and variant is None and variant_tensors is None
             and block_mask is None and not validate.debug_checks()
             and not torch.compiler.is_compiling()):
         given = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
@@ -183,6 +223,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         known = _known.get(key) if key is not None else None
         if (known is not None and not (known.requires_grad and torch.is_grad_enabled())
                 and not torch.is_autocast_enabled("cuda") and ops.nothing_sees_ops()):
+            if known.offered != replay.generation:  # not loaded then, or it forgot since
+                known.offered = _offer(known, given, _varlen_inputs(seqused_k), 3)
             ran = forward.run_kept(known.launch, q, k, v, False, forward.sequence_tensors(
                 (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)))
             if ran is not None:
@@ -222,10 +264,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
         result, lse = result.squeeze(0), lse.squeeze(0)
         if out is not None:
             result = out.copy_(result)
-        elif key is not None and _keeps((q, k, v), (q4, k4, v4)):
-            _know(key, forward.kept_launch(q4, k4, v4, scale, mask, band, False, mods, varlen),
-                  (q, k, v))
+        elif (key is not None and _keeps((q, k, v), (q4, k4, v4))
+              and (seqused_k is None or varlen[4] is seqused_k)):  # not a contiguous copy
+            known = _know(key, forward.kept_launch(q4, k4, v4, scale, mask, band, False, mods,
+                                                   varlen), (q, k, v))
+            if known is not None:
+                known.offered = _offer(known, given, _varlen_inputs(seqused_k), 3)
     return _varlen_results(result, lse, return_attn_probs, return_softmax_lse)
+
+
+def _varlen_inputs(seqused_k) -> tuple:
+    return _VARLEN_INPUTS if seqused_k is None else (*_VARLEN_INPUTS, _SEQUSED_K)
 
 
 def _varlen_results(out, lse, return_attn_probs: bool, return_softmax_lse: bool):

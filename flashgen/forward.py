@@ -187,6 +187,21 @@ def run_kept(kept: _Kept, q, k, v, heads_first: bool, sequences: tuple = ()):
     return out, lse
 
 
+def replay_parts(kept: _Kept, sequences: int, q_dims: int) -> tuple:
+    """What flashgen/replay.py keeps of a kept launch to launch it from C++ as run_kept does
+    for q of q_dims dims (4, or 3 for a variable-length batch's packed q) and `sequences`
+    sequence tensors: ((the launch,), roles (out, lse, tile counter or -1, count of sources),
+    lse's sizes as q's dims, the input sources (q, k, v, then the sequences')), for calls
+    whose out is laid out like q (not heads first)."""
+    launcher, error_string, params_bytes, offsets = kept.launch.parts()
+    count = len(offsets)  # run_kept's addresses: q, k, v, out, lse, sequences, counter
+    patches = [value for source, byte in enumerate(offsets) for value in (byte, source, 0)]
+    roles = (3, 4, count - 1 if kept.counter else -1, count)
+    lse_dims = (1, 0) if q_dims == 3 else (0, 2, 1)
+    return (((launcher, error_string, params_bytes, patches),), roles, lse_dims,
+            (0, 1, 2, *range(5, 5 + sequences)))
+
+
 def empty_outputs(q: torch.Tensor, heads_first: bool):
     """The forward's uninitialised out and lse for q; the fake (meta) implementation of the
     flashgen::fwd op calls this too, so both always agree on shapes and strides."""

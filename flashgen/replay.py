@@ -1,7 +1,8 @@
-"""The compiled replay of known decode calls: templates/replay.cpp, built against this torch,
-matches a flash_attn_with_kvcache call's arguments to a plan decode made for an earlier call of
-the same signature and launches it with no Python between the call and the launch (the host
-time of a decode step is what eager serving pays on every layer of every token).
+"""The compiled replay of known calls: templates/replay.cpp, built against this torch, matches a
+call's arguments to what decode (flash_attn_with_kvcache) or forward (flash_attn_func and
+flash_attn_varlen_func where no input requires grad) planned for an earlier call of the same
+signature and launches it with no Python between the call and the launch (the host time of a
+decode step is what eager serving pays on every layer of every token).
 
 Optional. Where it is not built yet the same plans run from Python while it builds in the
 background (once per Python and torch version; `flashgen generate` builds it too);
@@ -19,21 +20,27 @@ from codegen import paths
 from flashgen import cache
 
 
-def _off(lse_wanted, *arguments):
+def _off(result, *arguments):
     return None
 
 
-def _first(lse_wanted, *arguments):
-    """decode() of the first call in a process: loads the module, or starts its build."""
-    global decode
-    decode = _off
+def _first_decode(lse_wanted, *arguments):
     _start()
     return decode(lse_wanted, *arguments)
 
 
+def _first_forward(result, *arguments):
+    _start()
+    return forward(result, *arguments)
+
+
 # decode(lse_wanted, *flash_attn_with_kvcache's arguments in kvcache.given's order): out, or
 # (out, lse) where lse_wanted, for a call that matches a kept plan; None for any other.
-decode = _first
+decode = _first_decode
+# forward(result, *flash_attn_func's or flash_attn_varlen_func's arguments in attention.py's
+# given order): out where result is 0, (out, lse, None) where 1, (out, lse) where 2, for a call
+# that matches a kept launch; None for any other (and under autocast).
+forward = _first_forward
 _module = None
 _lock = threading.Lock()
 # Counts forget()s: a plan offered to keep_decode in an earlier generation is no longer kept.
@@ -41,6 +48,10 @@ generation = 0
 
 
 def _start() -> None:
+    """The first call in a process (or after reset): loads the module, or starts its build;
+    until it loads, calls run from Python."""
+    global decode, forward
+    decode = forward = _off
     if os.environ.get("FLASHGEN_REPLAY") == "0":
         return
     import torch
@@ -71,14 +82,14 @@ def _build_then_load() -> None:
 
 
 def _load(path) -> None:
-    global _module, decode
+    global _module, decode, forward
     with _lock:
         if _module is None:
             spec = importlib.util.spec_from_file_location("_flashgen_replay", path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             _module = module
-        decode = _module.decode
+        decode, forward = _module.decode, _module.forward
 
 
 def ready() -> bool:
@@ -95,8 +106,20 @@ def keep_decode(given: tuple, parts: tuple, source_positions: dict) -> bool:
         return False
     inputs, roles, launches, workspace, lse_rows, counters, rotary = parts
     pairs = [value for source in inputs for value in (source, source_positions[source])]
-    return _module.keep_decode(given, pairs, roles, launches, workspace, lse_rows, counters,
+    return _module.keep_decode(given, pairs, launches, roles, workspace, lse_rows, counters,
                                rotary, source_positions[0])
+
+
+def keep_forward(given: tuple, parts: tuple, input_positions: tuple) -> bool:
+    """Keeps a forward's launch (forward.replay_parts' parts) for calls of given's signature,
+    its input sources (q, k, v, then the sequences' tensors) read from the arguments at
+    input_positions; False as keep_decode."""
+    if not ready():
+        return False
+    launches, roles, lse_dims, input_sources = parts
+    pairs = [value for source, position in zip(input_sources, input_positions)
+             for value in (source, position)]
+    return _module.keep_forward(given, pairs, launches, roles, lse_dims, input_positions[0])
 
 
 def replays() -> int:
@@ -120,6 +143,6 @@ def forget() -> None:
 def reset() -> None:
     """Unloads nothing but starts over: the next call reads FLASHGEN_REPLAY and the cache
     again (tests)."""
-    global decode
+    global decode, forward
     forget()
-    decode = _first
+    decode, forward = _first_decode, _first_forward

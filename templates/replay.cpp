@@ -1,12 +1,14 @@
-// The host fast path of flash_attn_with_kvcache: a call whose arguments match a plan Python kept
+// The host fast path of known calls (flash_attn_with_kvcache, and flash_attn_func and
+// flash_attn_varlen_func without autograd): a call whose arguments match a launch Python kept
 // (each tensor's type, device, dtype, sizes and strides, every other argument's type and value)
-// allocates its outputs here and launches the plan's kernels with its own addresses, with no
-// Python between the call and the launch. Python decides everything (flashgen/decode.py makes the
-// plans, flashgen/replay.py keeps them here); this file only matches and replays.
+// allocates its outputs here and launches the kept kernels with its own addresses, with no Python
+// between the call and the launch. Python decides everything (flashgen/decode.py and forward.py
+// plan, flashgen/replay.py keeps their launches here); this file only matches and replays.
 // Built once per Python and torch version against torch's headers (codegen/build.py); where it is
 // not built the same plans run from Python.
 #include <Python.h>
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
@@ -50,26 +52,32 @@ struct Launch {
   std::vector<Patch> patches;
 };
 
-// The per-call sources a plan's patches read besides its inputs, as decode.py numbers them.
-struct Roles {
-  int out, lse, q_rot, o_accum, lse_accum, counters, count;
-};
+// What a kept call launches for: a decode step (flash_attn_with_kvcache) or a forward
+// (flash_attn_func, flash_attn_varlen_func).
+enum class Op { kDecode, kForward };
 
 struct Entry {
+  Op op;
   std::vector<Expected> expected;             // per argument position of the call
   std::vector<std::pair<int, int>> inputs;    // (source, argument position) of its tensors
   std::vector<Launch> launches;
-  Roles roles;
-  int64_t workspace, lse_rows, counters;      // fp32 elements, fp32 elements, int32 counters
-  bool rotary;
-  int q_position;
+  int sources = 0;                            // the patches' sources: inputs, then made here
+  int q_position = 0;
+  int out = -1, lse = -1;                     // out like q, lse fp32
+  // a decode step's: q_rot, the split workspace (o_accum, then lse_accum) and counters
+  int q_rot = -1, o_accum = -1, lse_accum = -1, split_counters = -1;
+  int64_t workspace = 0, lse_rows = 0, counters = 0;  // fp32, fp32, int32 elements
+  bool rotary = false;
+  // a forward's: its tile counter (the launcher zeroes it), lse's sizes as q's dims
+  int tile_counter = -1;
+  std::vector<int64_t> lse_dims;
   ~Entry() {
     for (auto& e : expected) Py_XDECREF(e.value);
   }
 };
 
-// Signatures kept: a model's layers share a few. Once full, further signatures run from Python
-// (an entry never leaves but by forget(), so Python knows what is kept).
+// Signatures kept per op: a model's layers share a few. Once full, further signatures run from
+// Python (an entry never leaves but by forget(), so Python knows what is kept).
 constexpr std::size_t kKept = 64;
 constexpr int64_t kScratchKept = 1 << 24;  // fp32 workspace kept per stream (decode.SCRATCH_KEPT)
 
@@ -78,6 +86,7 @@ auto& entries = *new std::vector<Entry*>();
 using StreamKey = std::pair<c10::DeviceIndex, cudaStream_t>;
 auto& scratch = *new std::map<StreamKey, at::Tensor>();
 auto& counter_buffers = *new std::map<StreamKey, at::Tensor>();
+auto& tile_counters = *new std::map<StreamKey, at::Tensor>();
 std::uint64_t replayed = 0;  // calls launched from here (tests read it)
 
 bool env_is_1(const char* name) {
@@ -144,7 +153,8 @@ at::Tensor stream_buffer(std::map<StreamKey, at::Tensor>& buffers, const StreamK
   auto make = [&](int64_t n) {
     if (zeroed) return at::zeros({n}, options);
     at::Tensor t = at::empty({n}, options);
-    return poison ? t.fill_(std::numeric_limits<float>::quiet_NaN()) : t;
+    return poison && at::isFloatingType(dtype) ? t.fill_(std::numeric_limits<float>::quiet_NaN())
+                                               : t;
   };
   if (capturing || size > kept) return make(size);
   auto found = buffers.find(key);
@@ -155,97 +165,167 @@ at::Tensor stream_buffer(std::map<StreamKey, at::Tensor>& buffers, const StreamK
   return found->second;
 }
 
-// decode(lse_wanted, *arguments): out, or (out, lse) where lse_wanted, for a call that matches a
-// kept plan; None (launching nothing) for any other, which Python then runs.
-PyObject* decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs < 1) Py_RETURN_NONE;
-  if (env_is_1("FLASHGEN_DEBUG_CHECKS")) Py_RETURN_NONE;  // those checks run in Python
-  const bool lse_wanted = PyObject_IsTrue(args[0]) == 1;
+// A matched call, its inputs' addresses gathered, on its device's current stream.
+struct Call {
+  const Entry* entry = nullptr;
+  std::vector<std::uintptr_t> sources;
+  const at::Tensor* q = nullptr;
+  StreamKey stream{};
+  bool capturing = false;
+  // FLASHGEN_POISON_OUTPUTS=1 (the tests' poison, tests/poison.py): what is handed out starts
+  // as NaN, so an element the kernels forget shows.
+  bool poison = false;
+
+  at::Tensor empty(c10::IntArrayRef sizes, at::ScalarType dtype) const {
+    at::Tensor t = at::empty(sizes, q->options().dtype(dtype));
+    return poison ? t.fill_(std::numeric_limits<float>::quiet_NaN()) : t;
+  }
+  void set(int source, const at::Tensor& t) {
+    sources[source] = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  }
+};
+
+// The call of args (nargs of them, a result flag first) that matches a kept entry of op, or
+// false for Python to run it: none matches, an address is not a multiple of 16 bytes (Python
+// copies), the tensors are on another device than the current one (Python switches), or
+// FLASHGEN_DEBUG_CHECKS=1 (Python reads the device values).
+bool begin(Op op, PyObject* const* args, Py_ssize_t nargs, Call& call) {
+  if (nargs < 1 || env_is_1("FLASHGEN_DEBUG_CHECKS")) return false;
   PyObject* const* given = args + 1;
   const std::size_t count = static_cast<std::size_t>(nargs - 1);
   auto found = std::find_if(entries.begin(), entries.end(), [&](const Entry* e) {
-    return e->expected.size() == count && matches(*e, given);
+    return e->op == op && e->expected.size() == count && matches(*e, given);
   });
-  if (found == entries.end()) Py_RETURN_NONE;
+  if (found == entries.end()) return false;
   const Entry& entry = **found;
   std::rotate(entries.begin(), found, found + 1);  // the most recent first
-
-  std::vector<std::uintptr_t> sources(entry.roles.count, 0);
+  call.entry = &entry;
+  call.sources.assign(entry.sources, 0);
   std::uintptr_t bits = 0;
   for (const auto& [source, position] : entry.inputs) {
-    sources[source] = reinterpret_cast<std::uintptr_t>(THPVariable_Unpack(given[position]).data_ptr());
-    bits |= sources[source];
+    call.sources[source] =
+        reinterpret_cast<std::uintptr_t>(THPVariable_Unpack(given[position]).data_ptr());
+    bits |= call.sources[source];
   }
-  if (bits % 16 != 0) Py_RETURN_NONE;  // Python copies such inputs
-  const at::Tensor& q = THPVariable_Unpack(given[entry.q_position]);
-  const c10::DeviceIndex device = q.get_device();
-  if (c10::cuda::current_device() != device) Py_RETURN_NONE;  // Python switches devices
+  if (bits % 16 != 0) return false;
+  call.q = &THPVariable_Unpack(given[entry.q_position]);
+  const c10::DeviceIndex device = call.q->get_device();
+  if (c10::cuda::current_device() != device) return false;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
     cudaGetLastError();
-    Py_RETURN_NONE;
+    return false;
   }
-  const bool capturing = status != cudaStreamCaptureStatusNone;
-  const StreamKey key{device, stream};
+  call.capturing = status != cudaStreamCaptureStatusNone;
+  call.stream = {device, stream};
+  call.poison = env_is_1("FLASHGEN_POISON_OUTPUTS");
+  return true;
+}
 
-  // FLASHGEN_POISON_OUTPUTS=1 (the tests' poison, tests/poison.py): what is handed out starts
-  // as NaN, so an element the kernels forget shows.
-  const bool poison = env_is_1("FLASHGEN_POISON_OUTPUTS");
-  auto empty = [&](c10::IntArrayRef sizes, at::ScalarType dtype) {
-    at::Tensor t = at::empty(sizes, q.options().dtype(dtype));
-    return poison ? t.fill_(std::numeric_limits<float>::quiet_NaN()) : t;
-  };
-  at::Tensor out = empty(q.sizes(), q.scalar_type());
-  at::Tensor lse;
-  if (lse_wanted) {
-    lse = empty({q.size(0), q.size(2), q.size(1)}, at::kFloat);
-    sources[entry.roles.lse] = reinterpret_cast<std::uintptr_t>(lse.data_ptr());
-  }
-  sources[entry.roles.out] = reinterpret_cast<std::uintptr_t>(out.data_ptr());
-  // Held until the launches are queued (a capture's own buffers are freed after them).
-  at::Tensor work, q_rot, counters;
-  const int64_t floats = entry.workspace + (lse_wanted ? 0 : entry.lse_rows);
-  if (floats) {
-    work = stream_buffer(scratch, key, capturing, floats, 1 << 16, kScratchKept, at::kFloat,
-                         false, poison);
-    const auto address = reinterpret_cast<std::uintptr_t>(work.data_ptr());
-    sources[entry.roles.o_accum] = sources[entry.roles.lse_accum] = address;
-    if (!lse_wanted) sources[entry.roles.lse] = address + 4 * entry.workspace;
-  }
-  if (entry.rotary) {
-    q_rot = empty(q.sizes(), q.scalar_type());
-    sources[entry.roles.q_rot] = reinterpret_cast<std::uintptr_t>(q_rot.data_ptr());
-  }
-  if (entry.counters) {
-    // The launches leave their counters at 0 again, so one zeroed buffer serves a stream.
-    counters = stream_buffer(counter_buffers, key, capturing, entry.counters, 1024,
-                             INT64_MAX, at::kInt, true, false);
-    sources[entry.roles.counters] = reinterpret_cast<std::uintptr_t>(counters.data_ptr());
-  }
-  for (const Launch& launch : entry.launches) {
+// Launches the entry's kernels with the call's sources; false with a Python error set where a
+// launcher fails.
+bool launch(const Call& call) {
+  for (const Launch& launch : call.entry->launches) {
     std::vector<std::uint64_t> params = launch.params;
     auto* base = reinterpret_cast<char*>(params.data());
     for (const Patch& patch : launch.patches) {
-      const std::uintptr_t address = sources[patch.source] + patch.offset;
+      const std::uintptr_t address = call.sources[patch.source] + patch.offset;
       std::memcpy(base + patch.byte, &address, sizeof address);
     }
     using Launcher = int (*)(const void*, void*);
-    const int err = reinterpret_cast<Launcher>(launch.launcher)(params.data(), stream);
+    const int err = reinterpret_cast<Launcher>(launch.launcher)(params.data(),
+                                                                call.stream.second);
     if (err != 0) {
       using ErrorString = const char* (*)(int);
       PyErr_Format(PyExc_RuntimeError, "flashgen: kernel launch failed: %s",
                    reinterpret_cast<ErrorString>(launch.error_string)(err));
-      return nullptr;
+      return false;
     }
   }
   ++replayed;
+  return true;
+}
+
+PyObject* pair(at::Tensor a, at::Tensor b, bool with_none) {
+  PyObject* result = PyTuple_New(with_none ? 3 : 2);
+  PyTuple_SET_ITEM(result, 0, THPVariable_Wrap(std::move(a)));
+  PyTuple_SET_ITEM(result, 1, THPVariable_Wrap(std::move(b)));
+  if (with_none) {
+    Py_INCREF(Py_None);
+    PyTuple_SET_ITEM(result, 2, Py_None);
+  }
+  return result;
+}
+
+// decode(lse_wanted, *arguments): out, or (out, lse) where lse_wanted, for a call that matches a
+// kept decode plan (decode.py's _run, as C++); None (launching nothing) for any other.
+PyObject* decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  Call call;
+  if (!begin(Op::kDecode, args, nargs, call)) Py_RETURN_NONE;
+  const Entry& entry = *call.entry;
+  const at::Tensor& q = *call.q;
+  const bool lse_wanted = PyObject_IsTrue(args[0]) == 1;
+  at::Tensor out = call.empty(q.sizes(), q.scalar_type());
+  at::Tensor lse;
+  if (lse_wanted) {
+    lse = call.empty({q.size(0), q.size(2), q.size(1)}, at::kFloat);
+    call.set(entry.lse, lse);
+  }
+  call.set(entry.out, out);
+  // Held until the launches are queued (a capture's own buffers are freed after them).
+  at::Tensor work, q_rot, counters;
+  const int64_t floats = entry.workspace + (lse_wanted ? 0 : entry.lse_rows);
+  if (floats) {
+    work = stream_buffer(scratch, call.stream, call.capturing, floats, 1 << 16, kScratchKept,
+                         at::kFloat, false, call.poison);
+    const auto address = reinterpret_cast<std::uintptr_t>(work.data_ptr());
+    call.sources[entry.o_accum] = call.sources[entry.lse_accum] = address;
+    if (!lse_wanted) call.sources[entry.lse] = address + 4 * entry.workspace;
+  }
+  if (entry.rotary) {
+    q_rot = call.empty(q.sizes(), q.scalar_type());
+    call.set(entry.q_rot, q_rot);
+  }
+  if (entry.counters) {
+    // The launches leave their counters at 0 again, so one zeroed buffer serves a stream.
+    counters = stream_buffer(counter_buffers, call.stream, call.capturing, entry.counters, 1024,
+                             INT64_MAX, at::kInt, true, false);
+    call.set(entry.split_counters, counters);
+  }
+  if (!launch(call)) return nullptr;
   if (!lse_wanted) return THPVariable_Wrap(std::move(out));
-  PyObject* pair = PyTuple_New(2);
-  PyTuple_SET_ITEM(pair, 0, THPVariable_Wrap(std::move(out)));
-  PyTuple_SET_ITEM(pair, 1, THPVariable_Wrap(std::move(lse)));
-  return pair;
+  return pair(std::move(out), std::move(lse), false);
+  END_HANDLE_TH_ERRORS
+}
+
+// forward(result, *arguments): for a call that matches a kept forward (forward.py's run_kept,
+// as C++), out where result is 0, (out, lse, None) where 1, (out, lse) where 2; None (launching
+// nothing) for any other, and under autocast (Python casts first).
+PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (at::autocast::is_autocast_enabled(at::kCUDA)) Py_RETURN_NONE;
+  Call call;
+  if (!begin(Op::kForward, args, nargs, call)) Py_RETURN_NONE;
+  const Entry& entry = *call.entry;
+  const at::Tensor& q = *call.q;
+  const long result = PyLong_AsLong(args[0]);
+  at::Tensor out = call.empty(q.sizes(), q.scalar_type());
+  std::vector<int64_t> lse_sizes;
+  for (const int64_t dim : entry.lse_dims) lse_sizes.push_back(q.size(dim));
+  at::Tensor lse = call.empty(lse_sizes, at::kFloat);
+  call.set(entry.out, out);
+  call.set(entry.lse, lse);
+  at::Tensor counter;
+  if (entry.tile_counter >= 0) {
+    counter = stream_buffer(tile_counters, call.stream, call.capturing, 1, 1, 1, at::kInt,
+                            false, false);
+    call.set(entry.tile_counter, counter);
+  }
+  if (!launch(call)) return nullptr;
+  if (result == 0) return THPVariable_Wrap(std::move(out));
+  return pair(std::move(out), std::move(lse), result == 1);
   END_HANDLE_TH_ERRORS
 }
 
@@ -259,20 +339,20 @@ bool read_ints(PyObject* sequence, std::vector<int64_t>& values) {
   return !PyErr_Occurred();
 }
 
-// keep_decode(arguments, inputs, roles, launches, workspace, lse_rows, counters, rotary,
-// q_position): keeps a plan for calls like `arguments` (a tuple, the call's arguments in the
-// order decode() will get them). inputs: flat (source, position) pairs; roles: the sources
-// (out, lse, q_rot, o_accum, lse_accum, counters, count of sources); launches: a tuple of
-// (launcher, error_string, params bytes, flat (byte, source, offset) triples). False where an
-// argument is of a kind the match does not compare (Python keeps running such calls).
-PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  HANDLE_TH_ERRORS
-  if (nargs != 9 || !PyTuple_Check(args[0]) || !PyTuple_Check(args[3])) {
-    PyErr_SetString(PyExc_TypeError, "flashgen: keep_decode takes 9 arguments");
-    return nullptr;
+int fail(PyObject* type, const char* message) {
+  PyErr_SetString(type, message);
+  return -1;
+}
+
+// What both ops keep: the arguments' expectations (1 where one is of a kind the match does not
+// compare, -1 with an error set), the inputs (flat (source, position) pairs), the launches (a
+// tuple of (launcher, error_string, params bytes, flat (byte, source, offset) triples)).
+int keep_common(Entry& entry, PyObject* arguments, PyObject* inputs, PyObject* launches,
+                int sources, int q_position) {
+  if (!PyTuple_Check(arguments) || !PyTuple_Check(launches)) {
+    return fail(PyExc_TypeError, "flashgen: replay: arguments and launches are tuples");
   }
-  auto entry = std::make_unique<Entry>();
-  PyObject* arguments = args[0];
+  entry.sources = sources;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(arguments); ++i) {
     PyObject* v = PyTuple_GET_ITEM(arguments, i);
     Expected e;
@@ -280,7 +360,7 @@ PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       e.kind = Expected::kNone;
     } else if (plain_tensor(v)) {
       const at::Tensor& t = THPVariable_Unpack(v);
-      if (!t.is_cuda() || t.requires_grad()) Py_RETURN_FALSE;
+      if (!t.is_cuda() || t.requires_grad()) return 1;
       e.kind = Expected::kTensor;
       e.device = t.get_device();
       e.dtype = t.scalar_type();
@@ -294,38 +374,31 @@ PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
           plain = plain && plain_value(PyTuple_GET_ITEM(v, j));
         }
       }
-      if (!plain) Py_RETURN_FALSE;
+      if (!plain) return 1;
       e.kind = Expected::kValue;
       Py_INCREF(v);
       e.value = v;
     }
-    entry->expected.push_back(std::move(e));
+    entry.expected.push_back(std::move(e));
   }
-  std::vector<int64_t> flat, roles;
-  if (!read_ints(args[1], flat) || !read_ints(args[2], roles) || roles.size() != 7) {
-    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: 7 roles");
-    return nullptr;
-  }
-  entry->roles = {int(roles[0]), int(roles[1]), int(roles[2]), int(roles[3]),
-                  int(roles[4]), int(roles[5]), int(roles[6])};
+  std::vector<int64_t> flat;
+  if (!read_ints(inputs, flat)) return -1;
   for (std::size_t i = 0; i + 1 < flat.size(); i += 2) {
     const int source = int(flat[i]), position = int(flat[i + 1]);
-    if (source < 0 || source >= entry->roles.count || position < 0 ||
+    if (source < 0 || source >= sources || position < 0 ||
         position >= PyTuple_GET_SIZE(arguments) ||
-        entry->expected[position].kind != Expected::kTensor) {
-      PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: an input is no tensor argument");
-      return nullptr;
+        entry.expected[position].kind != Expected::kTensor) {
+      return fail(PyExc_ValueError, "flashgen: replay: an input is no tensor argument");
     }
-    entry->inputs.emplace_back(source, position);
+    entry.inputs.emplace_back(source, position);
   }
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args[3]); ++i) {
-    PyObject* item = PyTuple_GET_ITEM(args[3], i);
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(launches); ++i) {
+    PyObject* item = PyTuple_GET_ITEM(launches, i);
     PyObject* bytes = PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 4
                           ? PyTuple_GET_ITEM(item, 2) : nullptr;
     if (bytes == nullptr || !PyBytes_Check(bytes)) {
-      PyErr_SetString(PyExc_TypeError, "flashgen: keep_decode: a launch is (launcher, "
-                      "error_string, params bytes, patches)");
-      return nullptr;
+      return fail(PyExc_TypeError, "flashgen: replay: a launch is (launcher, error_string, "
+                  "params bytes, patches)");
     }
     Launch launch;
     launch.launcher = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, 0));
@@ -334,32 +407,120 @@ PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     launch.params.resize((size + 7) / 8);
     std::memcpy(launch.params.data(), PyBytes_AS_STRING(bytes), size);
     std::vector<int64_t> patches;
-    if (PyErr_Occurred() || !read_ints(PyTuple_GET_ITEM(item, 3), patches)) return nullptr;
+    if (PyErr_Occurred() || !read_ints(PyTuple_GET_ITEM(item, 3), patches)) return -1;
     for (std::size_t j = 0; j + 2 < patches.size(); j += 3) {
       if (patches[j] < 0 || std::size_t(patches[j]) + 8 > size || patches[j + 1] < 0 ||
-          patches[j + 1] >= entry->roles.count) {
-        PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: a patch lies outside");
-        return nullptr;
+          patches[j + 1] >= sources) {
+        return fail(PyExc_ValueError, "flashgen: replay: a patch lies outside");
       }
       launch.patches.push_back({std::size_t(patches[j]), int(patches[j + 1]), patches[j + 2]});
     }
-    entry->launches.push_back(std::move(launch));
+    entry.launches.push_back(std::move(launch));
   }
+  entry.q_position = q_position;
+  if (q_position < 0 || q_position >= PyTuple_GET_SIZE(arguments) ||
+      entry.expected[q_position].kind != Expected::kTensor) {
+    return fail(PyExc_ValueError, "flashgen: replay: q is no tensor argument");
+  }
+  return 0;
+}
+
+bool valid_source(const Entry& entry, int64_t source, bool optional) {
+  return (optional && source == -1) || (source >= 0 && source < entry.sources);
+}
+
+PyObject* kept_or_not(std::unique_ptr<Entry> entry) {
+  const auto same_op = std::count_if(entries.begin(), entries.end(),
+                                     [&](const Entry* e) { return e->op == entry->op; });
+  if (std::size_t(same_op) >= kKept) Py_RETURN_FALSE;
+  entries.insert(entries.begin(), entry.release());
+  Py_RETURN_TRUE;
+}
+
+// keep_decode(arguments, inputs, launches, roles, workspace, lse_rows, counters, rotary,
+// q_position): keeps a decode plan for calls like `arguments` (the call's arguments in the order
+// decode() gets them); roles: the sources out, lse, q_rot, o_accum, lse_accum, split_counters,
+// then the count of sources. False where it keeps none (an argument its match does not compare,
+// or as many signatures kept as it takes).
+PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "flashgen: keep_decode takes 9 arguments");
+    return nullptr;
+  }
+  std::vector<int64_t> roles;
+  if (!read_ints(args[3], roles)) return nullptr;
+  if (roles.size() != 7) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: 7 roles");
+    return nullptr;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->op = Op::kDecode;
+  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles[6]),
+                               int(PyLong_AsLong(args[8])));
+  if (kept < 0) return nullptr;
+  if (kept > 0) Py_RETURN_FALSE;
+  for (int i = 0; i < 6; ++i) {
+    if (!valid_source(*entry, roles[i], false)) {
+      PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: a role is no source");
+      return nullptr;
+    }
+  }
+  entry->out = int(roles[0]);
+  entry->lse = int(roles[1]);
+  entry->q_rot = int(roles[2]);
+  entry->o_accum = int(roles[3]);
+  entry->lse_accum = int(roles[4]);
+  entry->split_counters = int(roles[5]);
   entry->workspace = PyLong_AsLongLong(args[4]);
   entry->lse_rows = PyLong_AsLongLong(args[5]);
   entry->counters = PyLong_AsLongLong(args[6]);
   entry->rotary = PyObject_IsTrue(args[7]) == 1;
-  entry->q_position = int(PyLong_AsLong(args[8]));
   if (PyErr_Occurred()) return nullptr;
-  if (entry->q_position < 0 || entry->q_position >= PyTuple_GET_SIZE(arguments) ||
-      entry->expected[entry->q_position].kind != Expected::kTensor ||
-      entry->expected[entry->q_position].sizes.size() != 4) {
-    PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: q is no 4-d tensor argument");
+  if (entry->expected[entry->q_position].sizes.size() != 4) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: q is no 4-d tensor");
     return nullptr;
   }
-  if (entries.size() >= kKept) Py_RETURN_FALSE;
-  entries.insert(entries.begin(), entry.release());
-  Py_RETURN_TRUE;
+  return kept_or_not(std::move(entry));
+  END_HANDLE_TH_ERRORS
+}
+
+// keep_forward(arguments, inputs, launches, roles, lse_dims, q_position): keeps a forward launch
+// for calls like `arguments` (flash_attn_func's or flash_attn_varlen_func's, in their wrappers'
+// order); roles: the sources out, lse, tile counter (-1: none), then the count of sources;
+// lse_dims: lse's sizes as q's dims. False as keep_decode.
+PyObject* keep_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "flashgen: keep_forward takes 6 arguments");
+    return nullptr;
+  }
+  std::vector<int64_t> roles, lse_dims;
+  if (!read_ints(args[3], roles) || !read_ints(args[4], lse_dims)) return nullptr;
+  if (roles.size() != 4) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_forward: 4 roles");
+    return nullptr;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->op = Op::kForward;
+  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles[3]),
+                               int(PyLong_AsLong(args[5])));
+  if (kept < 0) return nullptr;
+  if (kept > 0) Py_RETURN_FALSE;
+  const std::size_t q_dims = entry->expected[entry->q_position].sizes.size();
+  if (!valid_source(*entry, roles[0], false) || !valid_source(*entry, roles[1], false) ||
+      !valid_source(*entry, roles[2], true) ||
+      std::any_of(lse_dims.begin(), lse_dims.end(),
+                  [&](int64_t d) { return d < 0 || std::size_t(d) >= q_dims; })) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_forward: a role is no source or an lse "
+                    "dim no dim of q");
+    return nullptr;
+  }
+  entry->out = int(roles[0]);
+  entry->lse = int(roles[1]);
+  entry->tile_counter = int(roles[2]);
+  entry->lse_dims = std::move(lse_dims);
+  return kept_or_not(std::move(entry));
   END_HANDLE_TH_ERRORS
 }
 
@@ -390,6 +551,10 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "decode(lse_wanted, *arguments): a kept plan's outputs, or None"},
     {"keep_decode", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keep_decode)),
      METH_FASTCALL, "keeps a decode plan for calls of these arguments' signature"},
+    {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward)),
+     METH_FASTCALL, "forward(result, *arguments): a kept launch's outputs, or None"},
+    {"keep_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keep_forward)),
+     METH_FASTCALL, "keeps a forward launch for calls of these arguments' signature"},
     {"forget", forget, METH_NOARGS, "drops every kept plan"},
     {"kept", kept, METH_NOARGS, "how many plans are kept"},
     {"replays", replays, METH_NOARGS, "how many calls were launched from here"},

@@ -1,14 +1,17 @@
-"""The compiled replay of known decode calls (flashgen/replay.py): a flash_attn_with_kvcache call
-of a signature decode planned before launches from C++ and gives what the Python path gives,
-bit for bit, outputs poisoned either way; a call of any other signature, an unaligned one, and
-any call under FLASHGEN_DEBUG_CHECKS=1 runs from Python; CUDA graphs capture replayed calls."""
+"""The compiled replay of known calls (flashgen/replay.py): a flash_attn_with_kvcache,
+flash_attn_func or flash_attn_varlen_func call of a signature planned before (the forwards'
+without autograd) launches from C++ and gives what the Python path gives, bit for bit, outputs
+poisoned either way; a call of any other signature, an unaligned one, one that autograd records
+or autocast casts, and any call under FLASHGEN_DEBUG_CHECKS=1 runs from Python; CUDA graphs
+capture replayed calls."""
 
 import math
 
 import pytest
 import torch
 
-from flashgen import decode, flash_attn_with_kvcache, replay
+from flashgen import (decode, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+                      replay)
 from tests.gpu.test_kvcache import Cache, reference
 from flashgen.reference import assert_close_fa2
 
@@ -214,3 +217,59 @@ def test_kept_plans_go_with_decodes_plans():
     before = replay.replays()
     flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=seqlens)
     assert replay.replays() == before  # planned again first
+
+
+def _qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, requires_grad=False):
+    shapes = ((batch, seqlen_q, heads, head_dim), (batch, seqlen_k, heads_kv, head_dim),
+              (batch, seqlen_k, heads_kv, head_dim))
+    return [torch.randn(shape, device="cuda").to(torch.bfloat16).requires_grad_(requires_grad)
+            for shape in shapes]
+
+
+def _dense(batch=2, seqlen_q=300, seqlen_k=300, heads=8, heads_kv=8, head_dim=128, **kwargs):
+    q, k, v = _qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim)
+    return lambda: flash_attn_func(q, k, v, **kwargs)
+
+
+def _varlen(lengths_q, lengths_k, heads=8, heads_kv=2, head_dim=64, used=None, **kwargs):
+    q, k, v = (t[0] for t in _qkv(1, sum(lengths_q), sum(lengths_k), heads, heads_kv,
+                                   head_dim))
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32,
+                               device="cuda") for n in (lengths_q, lengths_k))
+    if used is not None:
+        kwargs["seqused_k"] = torch.tensor(used, dtype=torch.int32, device="cuda")
+    return lambda: flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                          **kwargs)
+
+
+FORWARDS = {
+    "tiny": lambda: _dense(1, 64, 64, 1, 1, 64),  # bench --overhead's cell
+    "causal_odd": lambda: _dense(2, 257, 300, 8, 8, 128, causal=True),
+    "gqa_window_probs": lambda: _dense(2, 300, 300, 8, 2, 64, window_size=(64, 0),
+                                       return_attn_probs=True),
+    "scaled": lambda: _dense(1, 128, 512, 4, 4, 128, softmax_scale=0.05),
+    "varlen_causal_lse": lambda: _varlen([5, 300, 1], [5, 310, 40], causal=True,
+                                         return_softmax_lse=True),
+    "varlen_seqused_k": lambda: _varlen([3, 200], [100, 250], used=[60, 250]),
+}
+
+
+@pytest.mark.parametrize("name", FORWARDS)
+def test_a_replayed_forward_gives_what_python_gives(name, poisoned_allocations, monkeypatch):
+    call = FORWARDS[name]()
+    with torch.no_grad():
+        expected = _python(call, monkeypatch)
+    _assert_equal(_replayed(call), expected)  # grad enabled: its inputs need none
+
+
+def test_forwards_that_autograd_records_or_autocast_casts_run_from_python():
+    q, k, v = _qkv(2, 128, 128, 4, 4, 64)
+    _replayed(lambda: flash_attn_func(q, k, v))
+    before = replay.replays()
+    with torch.autocast("cuda", dtype=torch.float16):  # casts bf16 inputs to fp16
+        out = flash_attn_func(q, k, v)
+    assert out.dtype == torch.float16 and replay.replays() == before
+    grad_q = q.detach().requires_grad_()
+    out = flash_attn_func(grad_q, k, v)
+    out.float().sum().backward()
+    assert replay.replays() == before and grad_q.grad is not None
