@@ -34,8 +34,9 @@ setup(
     long_description=__doc__,
     python_requires=">=3.11",
     # The wheel carries the top-level templates/ folder (kernel templates, the flashgen C++
-    # headers, the binding's source) as codegen/templates, so an installed flashgen finds them
-    # beside its own code (codegen/paths.py); every file of those kinds, at any depth.
+    # headers, the binding's and the replay's sources) as codegen/templates, so an installed
+    # flashgen finds them beside its own code (codegen/paths.py); every file of those kinds, at
+    # any depth.
     packages=[*find_packages(include=["flashgen", "flashgen.*", "codegen", "codegen.*"]),
               "codegen.templates"],
     package_dir={"codegen.templates": "templates"},
