@@ -187,8 +187,8 @@ struct Call {
 
 // The call of args (nargs of them, a result flag first) that matches a kept entry of op, or
 // false for Python to run it: none matches, an address is not a multiple of 16 bytes (Python
-// copies), the tensors are on another device than the current one (Python switches), or
-// FLASHGEN_DEBUG_CHECKS=1 (Python reads the device values).
+// copies), q is empty, the tensors are on another device than the current one (Python
+// switches), or FLASHGEN_DEBUG_CHECKS=1 (Python reads the device values).
 bool begin(Op op, PyObject* const* args, Py_ssize_t nargs, Call& call) {
   if (nargs < 1 || env_is_1("FLASHGEN_DEBUG_CHECKS")) return false;
   PyObject* const* given = args + 1;
@@ -209,6 +209,7 @@ bool begin(Op op, PyObject* const* args, Py_ssize_t nargs, Call& call) {
   }
   if (bits % 16 != 0) return false;
   call.q = &THPVariable_Unpack(given[entry.q_position]);
+  if (call.q->numel() == 0) return false;  // Python returns its empty outputs, launching nothing
   const c10::DeviceIndex device = call.q->get_device();
   if (c10::cuda::current_device() != device) return false;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
