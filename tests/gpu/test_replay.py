@@ -12,8 +12,8 @@ import torch
 
 from flashgen import (decode, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                       replay)
-from tests.gpu.test_kvcache import Cache, reference
 from flashgen.reference import assert_close_fa2
+from tests.gpu.test_kvcache import Cache, reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
