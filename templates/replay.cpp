@@ -438,32 +438,6 @@ PyObject* kept_or_not(std::unique_ptr<Entry> entry) {
   Py_RETURN_TRUE;
 }
 
-// What keep_decode and keep_forward share: `want` arguments, roles at args[3] (role_count of
-// them, the last the count of sources), q's position at args[q_arg], the entry's common part.
-// nullptr with an error set; or with `refused` where the call's arguments are of a kind the match
-// does not compare (nothing is kept then).
-std::unique_ptr<Entry> keep_entry(Op op, const char* name, PyObject* const* args,
-                                  Py_ssize_t nargs, Py_ssize_t want, std::size_t role_count,
-                                  int q_arg, std::vector<int64_t>& roles, bool& refused) {
-  refused = false;
-  if (nargs != want) {
-    PyErr_Format(PyExc_TypeError, "flashgen: %s takes %zd arguments", name, want);
-    return nullptr;
-  }
-  if (!read_ints(args[3], roles)) return nullptr;
-  if (roles.size() != role_count) {
-    PyErr_Format(PyExc_ValueError, "flashgen: %s: %zu roles", name, role_count);
-    return nullptr;
-  }
-  auto entry = std::make_unique<Entry>();
-  entry->op = op;
-  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles.back()),
-                               int(PyLong_AsLong(args[q_arg])));
-  if (kept < 0) return nullptr;
-  refused = kept > 0;
-  return entry;
-}
-
 // keep_decode(arguments, inputs, launches, roles, workspace, lse_rows, counters, rotary,
 // q_position): keeps a decode plan for calls like `arguments` (the call's arguments in the order
 // decode() gets them); roles: the sources out, lse, q_rot, o_accum, lse_accum, split_counters,
@@ -471,11 +445,22 @@ std::unique_ptr<Entry> keep_entry(Op op, const char* name, PyObject* const* args
 // or as many signatures kept as it takes).
 PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
+  if (nargs != 9) {
+    PyErr_SetString(PyExc_TypeError, "flashgen: keep_decode takes 9 arguments");
+    return nullptr;
+  }
   std::vector<int64_t> roles;
-  bool refused;
-  auto entry = keep_entry(Op::kDecode, "keep_decode", args, nargs, 9, 7, 8, roles, refused);
-  if (entry == nullptr) return nullptr;
-  if (refused) Py_RETURN_FALSE;
+  if (!read_ints(args[3], roles)) return nullptr;
+  if (roles.size() != 7) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: 7 roles");
+    return nullptr;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->op = Op::kDecode;
+  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles[6]),
+                               int(PyLong_AsLong(args[8])));
+  if (kept < 0) return nullptr;
+  if (kept > 0) Py_RETURN_FALSE;
   for (int i = 0; i < 6; ++i) {
     if (!valid_source(*entry, roles[i], false)) {
       PyErr_SetString(PyExc_ValueError, "flashgen: keep_decode: a role is no source");
@@ -507,12 +492,22 @@ PyObject* keep_decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // lse_dims: lse's sizes as q's dims. False as keep_decode.
 PyObject* keep_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "flashgen: keep_forward takes 6 arguments");
+    return nullptr;
+  }
   std::vector<int64_t> roles, lse_dims;
-  bool refused;
-  auto entry = keep_entry(Op::kForward, "keep_forward", args, nargs, 6, 4, 5, roles, refused);
-  if (entry == nullptr) return nullptr;
-  if (refused) Py_RETURN_FALSE;
-  if (!read_ints(args[4], lse_dims)) return nullptr;
+  if (!read_ints(args[3], roles) || !read_ints(args[4], lse_dims)) return nullptr;
+  if (roles.size() != 4) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_forward: 4 roles");
+    return nullptr;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->op = Op::kForward;
+  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles[3]),
+                               int(PyLong_AsLong(args[5])));
+  if (kept < 0) return nullptr;
+  if (kept > 0) Py_RETURN_FALSE;
   const std::size_t q_dims = entry->expected[entry->q_position].sizes.size();
   if (!valid_source(*entry, roles[0], false) || !valid_source(*entry, roles[1], false) ||
       !valid_source(*entry, roles[2], true) ||
