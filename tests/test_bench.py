@@ -610,6 +610,57 @@ def test_variants_run_fa4_on_causal_the_window_and_softcap(fake_fa4):
     assert set(variants.FA4_CASES) <= set(variants.CASES)
 
 
+def test_fa4_decodes_the_contiguous_cells_through_seqused_k(monkeypatch):
+    import sys
+    import types
+
+    from flashgen.tools.bench import serving
+
+    calls = []
+
+    def flash_attn_varlen_func(q, k, v, **arguments):
+        calls.append((tuple(q.shape), tuple(k.shape), {
+            name: value.tolist() if isinstance(value, torch.Tensor) else value
+            for name, value in arguments.items()}))
+        return 2 * q, None
+
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_varlen_func = flash_attn_varlen_func
+    package = types.ModuleType("flash_attn")
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    cell = dict(dtype="bf16", head_dim=64, heads=8, heads_kv=2, batch=2, cache_length=64,
+                new_tokens=1, page_size=0)
+    q = torch.randn(2, 1, 8, 64)
+    k = torch.randn(2, 64, 2, 64)
+    assert torch.equal(serving._fa4(cell, q, k, k, causal=False)(), 2 * q)
+    assert calls == [((2, 1, 8, 64), (2, 64, 2, 64), {"seqused_k": [64, 64], "causal": False})]
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    with pytest.raises(NotImplementedError, match="pip install flash-attn-4"):
+        serving._fa4(cell, q, k, k, causal=False)
+
+
+def test_serving_summary_and_table_take_fa4_as_a_peer_of_the_contiguous_cells():
+    from flashgen.tools.bench import serving
+
+    dense = _serving_row(1, 0, 100.0, fa2=120.0, cudnn=110.0)
+    dense[serving.FA4] = {"us": 90.0, "bandwidth": 0.9, "eager_us": 300.0}
+    rows = [dense, _serving_row(1, 16, 105.0)]
+    s = serving.summary({"rows": rows})
+    # the faster peer is FA4 now, for the paged cell too (its contiguous cell's peers)
+    assert s["vs_faster_peer"]["max"] == pytest.approx(0.9)
+    assert s["vs_faster_peer"]["min"] == pytest.approx(90.0 / 105.0)
+    assert s["vs_fa4"]["n"] == 2 and s["vs_fa4_eager"]["max"] == pytest.approx(300.0 / 200.0)
+    text = serving.markdown({"mode": "decode", "copy_rate": 3e12, "environment": {},
+                             "rows": rows}, "flashgen bench --mode decode")
+    assert "| FA4 graph us (bw) | eager | vs faster peer" in text
+    assert "| 90.0 (90%) | 300.0 | 0.90 | 0.55 |" in text
+    header, rule = (line for line in text.splitlines() if line.startswith("| dtype") or
+                    line.startswith("|---"))
+    assert header.count("|") == rule.count("|")
+
+
 @pytest.fixture
 def fake_flashinfer(monkeypatch):
     """flashinfer whose BatchDecodeWithPagedKVCacheWrapper records its plan and runs."""

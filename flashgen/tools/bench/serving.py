@@ -10,6 +10,8 @@ mask). Each cell reports time and the fraction of the measured device copy rate 
 K + V bytes over its time make. prefill (chunked): 512 or 2048 new queries over a cache of
 8k-128k keys with the bottom-right causal mask (SDPA: causal_lower_right).
 
+FlashAttention-4 (flash-attn-4's flash_attn_varlen_func, seqused_k at the cache's length) runs
+the contiguous cells beside SDPA's where it is importable, and records why where it is not.
 FlashInfer (flashinfer-python's BatchDecodeWithPagedKVCacheWrapper, NHD) reads the paged 16
 cells' caches through the same block table, one new token, where it is importable (planned once
 outside the timing, as a serving engine plans a step for every layer); a cell records why where
@@ -29,10 +31,12 @@ import json
 import statistics
 from pathlib import Path
 
+from flashgen.tools.bench.grid import FA4
 from flashgen.tools.bench.timing import environment, time_ms
 
 SERVING_MODES = ("decode", "prefill")
-PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+SDPA_PEERS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+PEERS = (*SDPA_PEERS, FA4)  # the contiguous cells' peers; the faster peer: the fastest that ran
 FLASHINFER = "FlashInfer"
 FLASHINFER_PAGE = 16  # the page size it is timed at (vLLM's default)
 FLASHINFER_WORKSPACE_BYTES = 128 << 20  # its documented split-k workspace
@@ -96,6 +100,19 @@ def _flashgen(cell, q, k, v, table, causal):
         v = v.view(-1, page, *v.shape[2:])
     return lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens, block_table=table,
                                            causal=causal)
+
+
+def _fa4(cell, q, k, v, causal):
+    """FlashAttention-4's attention of the cell's new tokens over its contiguous cache (all of
+    it in use: seqused_k as serving passes it); NotImplementedError where flash-attn-4 is not
+    importable."""
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+    except ImportError as e:
+        raise NotImplementedError(f"FlashAttention-4 is not importable ({e}); pip install "
+                                  "flash-attn-4") from e
+    seqlens = torch_full(q.shape[0], cell["cache_length"], q.device)
+    return lambda: flash_attn_varlen_func(q, k, v, seqused_k=seqlens, causal=causal)[0]
 
 
 def _flashinfer(cell, q, k, v, table):
@@ -171,7 +188,11 @@ def measure(cell: dict, causal: bool, rate: float) -> dict:
     row = dict(cell)
     impls = {"flashgen": _flashgen(cell, q, k, v, table, causal)}
     if not cell["page_size"]:
-        impls.update({name: _peer(name, q, k, v, causal) for name in PEERS})
+        impls.update({name: _peer(name, q, k, v, causal) for name in SDPA_PEERS})
+        try:
+            impls[FA4] = _fa4(cell, q, k, v, causal)
+        except NotImplementedError as e:
+            row[FA4] = {"error": str(e)}
     elif cell["page_size"] == FLASHINFER_PAGE and cell["new_tokens"] == 1 and not causal:
         try:
             impls[FLASHINFER] = _flashinfer(cell, q, k, v, table)
@@ -181,7 +202,8 @@ def measure(cell: dict, causal: bool, rate: float) -> dict:
         try:
             ms = time_ms(_graphed(fn), [()], warmup=3, repeats=20)
             eager_ms = time_ms(fn, [()], warmup=10, repeats=50)
-        except (RuntimeError, ValueError) as e:  # no kernel for the shape, out of memory
+        except (RuntimeError, ValueError, AssertionError) as e:  # no kernel for the shape, out of
+            # memory, FA4's asserts on its inputs
             row[name] = {"error": str(e).splitlines()[0][:200]}
             continue
         row[name] = {"us": ms * 1e3, "bandwidth": cell["kv_bytes"] / (ms * 1e-3) / rate,
@@ -238,6 +260,7 @@ def summary(result: dict) -> dict:
     ratios, eager_ratios, large, new_vs_one = [], [], [], []
     page_vs_dense = {1: [], 16: []}
     vs_flashinfer = {"us": [], "eager_us": []}
+    vs_fa4 = {"us": [], "eager_us": []}
     for r in rows:
         ours = _us(r["flashgen"])
         if ours is None:
@@ -257,10 +280,12 @@ def summary(result: dict) -> dict:
                 new_vs_one.append(ours / one)
         if r["page_size"] in page_vs_dense and _us(dense["flashgen"]):
             page_vs_dense[r["page_size"]].append(ours / _us(dense["flashgen"]))
-        for timing, values in vs_flashinfer.items():
-            theirs, mine = _us(r.get(FLASHINFER), timing), _us(r["flashgen"], timing)
-            if theirs and mine:
-                values.append(theirs / mine)
+        for peer, ratios_by_timing in ((FLASHINFER, vs_flashinfer), (FA4, vs_fa4)):
+            theirs_row = r if peer == FLASHINFER else dense  # FA4 runs the contiguous cell
+            for timing, values in ratios_by_timing.items():
+                theirs, mine = _us(theirs_row.get(peer), timing), _us(r["flashgen"], timing)
+                if theirs and mine:
+                    values.append(theirs / mine)
 
     def stats(values):
         return ({"min": min(values), "median": statistics.median(values), "max": max(values),
@@ -271,7 +296,8 @@ def summary(result: dict) -> dict:
             **{f"page{page}_time_vs_dense": stats(values)
                for page, values in page_vs_dense.items()},
             "vs_flashinfer": stats(vs_flashinfer["us"]),
-            "vs_flashinfer_eager": stats(vs_flashinfer["eager_us"])}
+            "vs_flashinfer_eager": stats(vs_flashinfer["eager_us"]),
+            "vs_fa4": stats(vs_fa4["us"]), "vs_fa4_eager": stats(vs_fa4["eager_us"])}
 
 
 def markdown(result: dict, command: str) -> str:
@@ -284,14 +310,18 @@ def markdown(result: dict, command: str) -> str:
             lines.append(f"- {name}: median {values['median']:.3f}, min {values['min']:.3f}, "
                          f"max {values['max']:.3f} over {values['n']} cells")
     rows = result["rows"]
-    # FlashInfer's columns where it ran in some cell (its paged 16 cells)
+    # FA4's and FlashInfer's columns where they ran in some cell (FlashInfer: its paged 16 cells)
+    fa4 = any(_us(r.get(FA4)) for r in rows)
     flashinfer = any(_us(r.get(FLASHINFER)) for r in rows)
-    lines += ["", "Graph: CUDA-graph replay; eager: back-to-back calls.", "",
+    lines += ["", "Graph: CUDA-graph replay; eager: back-to-back calls. The faster peer: the "
+              "fastest of the contiguous cell's peers.", "",
               "| dtype | hd | heads | batch | cache | new | page | flashgen graph us (bw) | "
-              "eager | FA2 graph us (bw) | eager | cuDNN graph us (bw) | eager | vs faster "
-              "peer, graph | eager |"
+              "eager | FA2 graph us (bw) | eager | cuDNN graph us (bw) | eager |"
+              + (" FA4 graph us (bw) | eager |" if fa4 else "")
+              + " vs faster peer, graph | eager |"
               + (" FlashInfer graph us (bw) | eager | vs FlashInfer, graph | eager |"
-                 if flashinfer else ""), "|" + "---|" * (19 if flashinfer else 15)]
+                 if flashinfer else ""),
+              "|" + "---|" * (15 + 2 * fa4 + 4 * flashinfer)]
     dense = {tuple(r[k] for k in ("dtype", "head_dim", "heads", "heads_kv", "batch",
                                   "cache_length", "new_tokens")): r
              for r in rows if not r["page_size"]}
@@ -314,7 +344,8 @@ def markdown(result: dict, command: str) -> str:
                      f"{r['batch']} | {r['cache_length']} | {r['new_tokens']} | "
                      f"{r['page_size'] or '-'} | {cell(r['flashgen'])} | "
                      f"{cell(d.get('FLASH_ATTENTION'))} | {cell(d.get('CUDNN_ATTENTION'))} | "
-                     f"{ratio('us', d, r)} | {ratio('eager_us', d, r)} |"
+                     + (f"{cell(d.get(FA4))} | " if fa4 else "")
+                     + f"{ratio('us', d, r)} | {ratio('eager_us', d, r)} |"
                      + (f" {cell(r.get(FLASHINFER))} | {ratio('us', r, r, (FLASHINFER,))} | "
                         f"{ratio('eager_us', r, r, (FLASHINFER,))} |" if flashinfer else ""))
     return "\n".join(lines) + "\n"
