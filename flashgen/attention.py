@@ -116,7 +116,10 @@ def _offer(known: _Known, given: tuple, input_positions: tuple, q_dims: int) -> 
 
 
 def _forget_known() -> None:
+    """With forward's kept launches go the known calls and what the compiled replay kept of
+    them (a pinned tile or another family must not keep replaying the old launch)."""
     _known.clear()
+    replay.forget()
 
 
 forward.holds_launches(_forget_known)

@@ -223,13 +223,15 @@ def test_another_signature_is_checked_again(launches, checked):
     assert len(checked) == 2
 
 
-def test_clear_plans_forgets_the_known_calls(launches):
-    from flashgen import attention
+def test_clear_plans_forgets_the_known_calls_and_the_compiled_replays(launches):
+    from flashgen import attention, replay
 
     flash_attn_func(*qkv())
     assert attention._known
+    generation = replay.generation
     forward.clear_plans()
     assert not attention._known
+    assert replay.generation == generation + 1  # what the compiled replay kept is dropped too
 
 
 # --- flash_attn_varlen_func's known calls ----------------------------------------------------
