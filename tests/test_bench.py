@@ -551,19 +551,21 @@ def test_variants_cases_narrow_by_name_and_need_the_variants_mode(capsys):
 
 @pytest.fixture
 def fake_fa4(monkeypatch):
-    """flash_attn.cute whose flash_attn_func records its arguments and returns (2 q, None), as
-    FlashAttention-4's returns (out, lse)."""
+    """flash_attn.cute whose flash_attn_func and flash_attn_varlen_func record their keyword
+    arguments (tensors as lists) and return (2 q, None), as FlashAttention-4's return (out,
+    lse)."""
     import sys
     import types
 
     calls = []
 
     def flash_attn_func(q, k, v, **arguments):
-        calls.append(arguments)
+        calls.append({name: value.tolist() if isinstance(value, torch.Tensor) else value
+                      for name, value in arguments.items()})
         return 2 * q, None
 
     cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_func = flash_attn_func
+    cute.flash_attn_func = cute.flash_attn_varlen_func = flash_attn_func
     package = types.ModuleType("flash_attn")
     package.cute = cute
     monkeypatch.setitem(sys.modules, "flash_attn", package)
@@ -610,32 +612,17 @@ def test_variants_run_fa4_on_causal_the_window_and_softcap(fake_fa4):
     assert set(variants.FA4_CASES) <= set(variants.CASES)
 
 
-def test_fa4_decodes_the_contiguous_cells_through_seqused_k(monkeypatch):
+def test_fa4_decodes_the_contiguous_cells_through_seqused_k(fake_fa4, monkeypatch):
     import sys
-    import types
 
     from flashgen.tools.bench import serving
 
-    calls = []
-
-    def flash_attn_varlen_func(q, k, v, **arguments):
-        calls.append((tuple(q.shape), tuple(k.shape), {
-            name: value.tolist() if isinstance(value, torch.Tensor) else value
-            for name, value in arguments.items()}))
-        return 2 * q, None
-
-    cute = types.ModuleType("flash_attn.cute")
-    cute.flash_attn_varlen_func = flash_attn_varlen_func
-    package = types.ModuleType("flash_attn")
-    package.cute = cute
-    monkeypatch.setitem(sys.modules, "flash_attn", package)
-    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
     cell = dict(dtype="bf16", head_dim=64, heads=8, heads_kv=2, batch=2, cache_length=64,
                 new_tokens=1, page_size=0)
     q = torch.randn(2, 1, 8, 64)
     k = torch.randn(2, 64, 2, 64)
     assert torch.equal(serving._fa4(cell, q, k, k, causal=False)(), 2 * q)
-    assert calls == [((2, 1, 8, 64), (2, 64, 2, 64), {"seqused_k": [64, 64], "causal": False})]
+    assert fake_fa4 == [{"seqused_k": [64, 64], "causal": False}]
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
     with pytest.raises(NotImplementedError, match="pip install flash-attn-4"):
         serving._fa4(cell, q, k, k, causal=False)
