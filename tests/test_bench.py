@@ -482,6 +482,18 @@ def test_commit_says_when_the_tree_differs_from_head(monkeypatch, porcelain, exp
     assert timing._git_commit() == expected
 
 
+# --- host overhead (--overhead) ---------------------------------------------------------------
+
+def test_overhead_sets_the_backward_beside_autograds_floor_which_is_no_peer():
+    from flashgen.tools.bench import overhead
+
+    q, k, v = (torch.randn(1, 4, 1, 8, requires_grad=True) for _ in range(3))
+    overhead._allocating_backward()(q, k, v).backward(torch.randn(1, 4, 1, 8))
+    assert all(t.grad.shape == t.shape for t in (q, k, v))
+    medians = {"flashgen": 180.0, "FLASH_ATTENTION": 140.0, overhead.AUTOGRAD_FLOOR: 95.0}
+    assert overhead.ratio_to_fastest_peer(medians) == pytest.approx(180.0 / 140.0)
+
+
 # --- serving (--mode decode / prefill) --------------------------------------------------------
 
 def _serving_row(new, page, ours, fa2=None, cudnn=None, length=32768):

@@ -3,11 +3,13 @@ FlashAttention-2 and cuDNN (bench --overhead)."""
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 from flashgen.tools.bench.timing import backend, implementation, timed_call
 
 ROUNDS = 7
+AUTOGRAD_FLOOR = "autograd_floor"
 
 
 def overhead_us(calls: int = 2000) -> dict:
@@ -23,7 +25,8 @@ def overhead_us(calls: int = 2000) -> dict:
       (flash_attn_with_kvcache with cache_seqlens); against SDPA's FLASH_ATTENTION and
       CUDNN_ATTENTION with enable_gqa;
     - bwd: the dense cell's backward through autograd (out.backward after an untimed forward,
-      as the speed grid times it).
+      as the speed grid times it); beside it autograd's own floor (AUTOGRAD_FLOOR: a Python
+      autograd node whose backward only allocates the three gradients), not a peer.
     """
     import torch
 
@@ -38,9 +41,14 @@ def overhead_us(calls: int = 2000) -> dict:
                     rounds[name].append(_per_call_us(fn, reset, calls, torch))
         medians = {name: statistics.median(times) for name, times in rounds.items()}
         result[cell] = {f"{name}_us": round(us, 1) for name, us in medians.items()}
-        peer = min(us for name, us in medians.items() if name != "flashgen")
-        result[cell]["ratio_to_fastest_peer"] = round(medians["flashgen"] / peer, 3)
+        result[cell]["ratio_to_fastest_peer"] = round(ratio_to_fastest_peer(medians), 3)
     return result
+
+
+def ratio_to_fastest_peer(medians: dict) -> float:
+    """flashgen's host time over the fastest peer's (autograd's floor is no peer)."""
+    return medians["flashgen"] / min(us for name, us in medians.items()
+                                     if name not in ("flashgen", AUTOGRAD_FLOOR))
 
 
 def _per_call_us(fn, reset, calls: int, torch) -> float:
@@ -71,12 +79,31 @@ def _dense(mode: str) -> dict:
             fn, sets, reset = timed_call(mode, implementation(name, causal=False), inputs)
         impls[name] = (lambda name=name: backend(name), lambda fn=fn, s=sets[0]: fn(*s),
                        reset and (lambda reset=reset, s=sets[0]: reset(*s)))
+    if mode == "bwd":
+        fn, sets, reset = timed_call(mode, _allocating_backward(), inputs)
+        impls[AUTOGRAD_FLOOR] = (contextlib.nullcontext, lambda: fn(*sets[0]),
+                                 lambda: reset(*sets[0]))
     return impls
 
 
-def _varlen() -> dict:
-    import contextlib
+def _allocating_backward():
+    """(q, k, v) -> a copy of q through a Python autograd node whose backward only allocates
+    the three gradients: what out.backward() costs before any attention work."""
+    import torch
 
+    class AllocatingBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return q.clone()
+
+        @staticmethod
+        def backward(ctx, dout):
+            return tuple(torch.empty_like(t) for t in ctx.saved_tensors)
+    return AllocatingBackward.apply
+
+
+def _varlen() -> dict:
     import torch
 
     from flashgen import flash_attn_varlen_func
@@ -93,8 +120,6 @@ def _varlen() -> dict:
 
 
 def _decode() -> dict:
-    import contextlib
-
     import torch
     import torch.nn.functional as F
 
