@@ -5,13 +5,11 @@ compiled kernel of the best configured family."""
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
-
 import torch
 
 from codegen import params
 from codegen.arch import arch_for_capability
-from flashgen import families, forward, host, loader, registry
+from flashgen import families, forward, host, loader, registry, replay
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
@@ -31,11 +29,9 @@ def backward(dout, q, k, v, out, lse, dtype: str, scale: float, mask: str, band:
     heads_first=True lays them out in memory as (batch, heads, seq, dim), SDPA's layout, with
     (batch, seq, heads, dim) shapes. A variable-length batch as in forward.forward.
     """
-    key = None
-    if cu_seqlens_q is None and not attn_bias_grad and forward.without_tensors(mods):
-        key = (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
-               out.stride(), lse.shape, lse.stride(), q.dtype, q.get_device(), scale, mask, band,
-               deterministic, heads_first, mods.softcap)
+    key = _signature(dout, q, k, v, out, lse, scale, mask, band, deterministic, heads_first,
+                     mods, cu_seqlens_q is not None, attn_bias_grad)
+    if key is not None:
         kept = _kept.get(key)
         if kept is not None:
             ran = _run_kept(kept, (q, k, v, out, dout, lse), heads_first)
@@ -86,10 +82,52 @@ _ADDRESS_INDICES = tuple(params.BwdArgs._fields.index(name)
                          if ctype.endswith("*"))
 
 
-class _Kept(NamedTuple):
-    launch: object    # the binding's PreparedBwd, taking the sources' addresses and the stream
-    sources: tuple    # per patched member: (its tensor's index, -1: the scratch; byte offset)
-    scratch: int      # fp32 elements of the scratch
+def _signature(dout, q, k, v, out, lse, scale: float, mask: str, band: Band,
+               deterministic: bool, heads_first: bool, mods: Modifiers, varlen: bool,
+               attn_bias_grad: bool):
+    """A dense call's key among the kept launches; None for a call that keeps none."""
+    if varlen or attn_bias_grad or not forward.without_tensors(mods):
+        return None
+    return (dout.shape, dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.stride(),
+            out.stride(), lse.shape, lse.stride(), q.dtype, q.get_device(), scale, mask, band,
+            deterministic, heads_first, mods.softcap)
+
+
+class _Kept:
+    __slots__ = ("launch", "sources", "scratch", "offered")
+
+    def __init__(self, launch, sources: tuple, scratch: int):
+        self.launch = launch    # the binding's PreparedBwd, taking the sources' addresses and
+                                # the stream
+        self.sources = sources  # per patched member: (its tensor's index, -1: the scratch;
+                                # byte offset)
+        self.scratch = scratch  # fp32 elements of the scratch
+        self.offered = -1       # replay.generation when offered to the compiled replay
+
+
+def kept_launch(dout, q, k, v, out, lse, scale: float, mask: str, band: Band,
+                deterministic: bool, heads_first: bool, mods: Modifiers, varlen: bool,
+                attn_bias_grad: bool) -> _Kept | None:
+    """The launch kept for backward()'s calls of these arguments' signature, if any."""
+    key = _signature(dout, q, k, v, out, lse, scale, mask, band, deterministic, heads_first,
+                     mods, varlen, attn_bias_grad)
+    return None if key is None else _kept.get(key)
+
+
+# The compiled replay's sources of a backward (replay_parts): _keep's tensors (q, k, v, out,
+# dout, lse, dq, dk, dv), then the scratch.
+REPLAY_SCRATCH = 9
+# Its roles: the sources dq, dk, dv and the scratch, then the count of sources.
+REPLAY_ROLES = (6, 7, 8, REPLAY_SCRATCH, 10)
+
+
+def replay_parts(kept: _Kept) -> tuple:
+    """What flashgen/replay.py keeps of a kept launch to launch it from C++ as _run_kept does:
+    ((the launch,), roles (REPLAY_ROLES), the scratch's fp32 elements)."""
+    launcher, error_string, params_bytes, offsets = kept.launch.parts()
+    patches = [value for (source, offset), byte in zip(kept.sources, offsets)
+               for value in ((byte, REPLAY_SCRATCH, offset) if source < 0 else (byte, source, 0))]
+    return ((launcher, error_string, params_bytes, patches),), REPLAY_ROLES, kept.scratch
 
 
 def _keep(key: tuple, launcher: loader.Launcher, args, tensors: tuple, scratch) -> None:
@@ -189,9 +227,11 @@ def kernel_for(device: torch.device, dtype: str, head_dim: int, mask: str,
 
 
 def clear_plans() -> None:
-    """Forget every call's choice and kept launch (after $FLASHGEN_FAMILY changed)."""
+    """Forget every call's choice and kept launch (after $FLASHGEN_FAMILY changed), and what
+    the compiled replay kept of them."""
     _choose.cache_clear()
     _kept.clear()
+    replay.forget()
 
 
 @functools.cache

@@ -215,8 +215,8 @@ def _generate(args) -> int:
 
 
 def _build_replay(build) -> None:
-    """The compiled replay of known decode calls, where this torch can run one (a CUDA build);
-    optional, so a failure is a warning (decode calls then run from Python)."""
+    """The compiled replay of known calls, where this torch can run one (a CUDA build);
+    optional, so a failure is a warning (calls then run from Python)."""
     import torch
 
     if torch.version.cuda is None:
@@ -224,7 +224,7 @@ def _build_replay(build) -> None:
     try:
         build.build_replay()
     except Exception as error:  # noqa: BLE001 - BuildError, or torch without its headers
-        print(f"flashgen: warning: the replay of known decode calls did not build, so decode "
+        print(f"flashgen: warning: the replay of known calls did not build, so repeated "
               f"calls run from Python: {error}", file=sys.stderr)
 
 

@@ -240,6 +240,10 @@ class Saved:
         # (fwd's position, bwd's output) of each argument with a gradient.
         self.gradients = tuple((fwd.position[a.name], bwd.outputs.index(a.gradient))
                                for a in fwd.rows if a.gradient)
+        # The compiled replay's backward takes (dout, *saved tensors, *fwd's outputs, *values):
+        # where q, k, v, out, dout and lse are in it, the order of backward.py's kept inputs.
+        replayed = ["dout", *tensors, *fwd.outputs, *values]
+        self.replayed = tuple(replayed.index(n) for n in ("q", "k", "v", "out", "dout", "lse"))
 
 
 SAVED = Saved()

@@ -21,7 +21,7 @@ import operator
 
 import torch
 
-from flashgen import backward, decode, forward, host, loader, variants
+from flashgen import backward, decode, forward, host, loader, replay, variants
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 from flashgen.op_schema import (BWD, FWD, FWD_KVCACHE, MASK_RANGES, OPS, SAVED, fwd_arguments,
@@ -290,9 +290,16 @@ def _fwd_backward(ctx, dout, _dlse):
     if dout is None:  # with unmaterialised gradients: nothing reached out
         return no_gradient
     bias_grad = ctx.needs_input_grad[_ATTN_BIAS]
-    arguments = SAVED.bwd_order((dout, bias_grad, *ctx.saved_tensors, *ctx.values))
+    saved, values = ctx.saved_tensors, ctx.values
+    if not bias_grad and nothing_sees_ops():
+        grads = replay.backward(dout, *saved, *values)
+        if grads is not None:
+            return (*grads, *_AFTER_QKV)
+    arguments = SAVED.bwd_order((dout, bias_grad, *saved, *values))
     if _runs_plain_eager(_bwd_inputs(arguments)):
         outputs = _bwd_cuda(*arguments)
+        if not torch.is_grad_enabled():
+            _offer_backward(arguments, (dout, *saved, *values))
     else:
         outputs = torch.ops.flashgen.bwd.default(*arguments)
     gradients = list(no_gradient)
@@ -303,6 +310,31 @@ def _fwd_backward(ctx, dout, _dlse):
     if not ctx.needs_input_grad[_SINKS]:  # no sinks, or sinks that want no gradient
         gradients[_SINKS] = None
     return tuple(gradients)
+
+
+# The gradients after q's, k's and v's (fwd's first three arguments, as the replay's backward
+# gives them): none, for a replayed call has no bias or sinks.
+_AFTER_QKV = (None,) * (len(_FWD.names) - 3)
+assert tuple(_FWD.position[name] for name in ("q", "k", "v")) == (0, 1, 2)
+
+
+def _offer_backward(arguments: tuple, given: tuple) -> None:
+    """Offers the launch this backward kept (backward.kept_launch) to the compiled replay for
+    calls of given's signature (replay.backward's arguments), once per replay generation; none
+    is kept where dout was copied (the kept launch reads the copy, laid out otherwise)."""
+    if not replay.ready():
+        return
+    a = _BWD.view(arguments)
+    kept = backward.kept_launch(
+        a.dout, a.q, a.k, a.v, a.out, a.lse, a.scale, a.mask,
+        Band(a.mask_offset, a.window_left, a.window_right), a.deterministic, a.heads_first,
+        _modifiers(a.softcap, a.alibi_slopes, a.attn_bias, a.sinks, a.variant,
+                   (a.variant_tensor0, a.variant_tensor1, a.variant_tensor2, a.variant_tensor3),
+                   a.mask_ranges, a.dropout_p, a.dropout_seed),
+        a.cu_seqlens_q is not None, a.attn_bias_grad)
+    if kept is not None and kept.offered != replay.generation:
+        replay.keep_backward(given, backward.replay_parts(kept), SAVED.replayed, a.heads_first)
+        kept.offered = replay.generation
 
 
 class _Attention(torch.autograd.Function):

@@ -1,16 +1,19 @@
-// The host fast path of known calls (flash_attn_with_kvcache, and flash_attn_func and
-// flash_attn_varlen_func without autograd): a call whose arguments match a launch Python kept
-// (each tensor's type, device, dtype, sizes and strides, every other argument's type and value)
-// allocates its outputs here and launches the kept kernels with its own addresses, with no Python
-// between the call and the launch. Python decides everything (flashgen/decode.py and forward.py
-// plan, flashgen/replay.py keeps their launches here); this file only matches and replays.
+// The host fast path of known calls (flash_attn_with_kvcache; flash_attn_func and
+// flash_attn_varlen_func without autograd; the dense backward of flash_attn_func): a call whose
+// arguments match a launch Python kept (each tensor's type, device, dtype, sizes, strides and
+// requires_grad, every other argument's type and value) allocates its outputs here and launches
+// the kept kernels with its own addresses, with no Python between the call and the launch.
+// Python decides everything (flashgen/decode.py, forward.py and backward.py plan,
+// flashgen/replay.py keeps their launches here); this file only matches and replays.
 // Built once per Python and torch version against torch's headers (codegen/build.py); where it is
 // not built the same plans run from Python.
 #include <Python.h>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_permuted.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,7 +39,8 @@ struct Expected {
   c10::DeviceIndex device = 0;
   at::ScalarType dtype = at::ScalarType::Undefined;
   std::vector<int64_t> sizes, strides;
-  PyObject* value = nullptr;  // kValue: a number, bool or tuple of those, owned
+  bool requires_grad = false;  // only a backward's saved tensors do
+  PyObject* value = nullptr;  // kValue: a number, bool, str or tuple of those, owned
 };
 
 // An address member of a launch's params: set to sources[source] + offset per call.
@@ -52,9 +56,9 @@ struct Launch {
   std::vector<Patch> patches;
 };
 
-// What a kept call launches for: a decode step (flash_attn_with_kvcache) or a forward
-// (flash_attn_func, flash_attn_varlen_func).
-enum class Op { kDecode, kForward };
+// What a kept call launches for: a decode step (flash_attn_with_kvcache), a forward
+// (flash_attn_func, flash_attn_varlen_func) or a backward (fwd's autograd, ops._fwd_backward).
+enum class Op { kDecode, kForward, kBackward };
 
 struct Entry {
   Op op;
@@ -71,6 +75,11 @@ struct Entry {
   // a forward's: its tile counter (the launcher zeroes it), lse's sizes as q's dims
   int tile_counter = -1;
   std::vector<int64_t> lse_dims;
+  // a backward's: dq, dk, dv (each shaped like the argument at grads_like, laid out heads first
+  // or not as the forward's out) and its fp32 scratch (the launcher zeroes what must start at 0)
+  int grads[3] = {-1, -1, -1}, grads_like[3] = {-1, -1, -1}, scratch = -1;
+  int64_t scratch_floats = 0;
+  bool heads_first = false;
   ~Entry() {
     for (auto& e : expected) Py_XDECREF(e.value);
   }
@@ -95,7 +104,8 @@ bool env_is_1(const char* name) {
 }
 
 bool plain_value(PyObject* v) {
-  return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v);
+  return v == Py_None || PyBool_Check(v) || PyLong_CheckExact(v) || PyFloat_CheckExact(v) ||
+         PyUnicode_CheckExact(v);
 }
 
 // Same type and value; a tuple's elements of the same types too (True and 1 differ to the checks).
@@ -133,7 +143,7 @@ bool matches(const Entry& entry, PyObject* const* args) {
         if (!plain_tensor(v)) return false;
         const at::Tensor& t = THPVariable_Unpack(v);
         if (t.scalar_type() != e.dtype || !t.is_cuda() || t.get_device() != e.device ||
-            t.requires_grad() || t.sizes() != c10::IntArrayRef(e.sizes) ||
+            t.requires_grad() != e.requires_grad || t.sizes() != c10::IntArrayRef(e.sizes) ||
             t.strides() != c10::IntArrayRef(e.strides)) {
           return false;
         }
@@ -185,14 +195,13 @@ struct Call {
   }
 };
 
-// The call of args (nargs of them, a result flag first) that matches a kept entry of op, or
-// false for Python to run it: none matches, an address is not a multiple of 16 bytes (Python
-// copies), q is empty, the tensors are on another device than the current one (Python
-// switches), or FLASHGEN_DEBUG_CHECKS=1 (Python reads the device values).
-bool begin(Op op, PyObject* const* args, Py_ssize_t nargs, Call& call) {
-  if (nargs < 1 || env_is_1("FLASHGEN_DEBUG_CHECKS")) return false;
-  PyObject* const* given = args + 1;
-  const std::size_t count = static_cast<std::size_t>(nargs - 1);
+// The call of `count` arguments at given that matches a kept entry of op, or false for Python
+// to run it: none matches, an address is not a multiple of 16 bytes (Python copies), q is empty,
+// the tensors are on another device than the current one (Python switches), or
+// FLASHGEN_DEBUG_CHECKS=1 (Python reads the device values).
+bool begin(Op op, PyObject* const* given, Py_ssize_t nargs, Call& call) {
+  if (nargs < 0 || env_is_1("FLASHGEN_DEBUG_CHECKS")) return false;
+  const std::size_t count = static_cast<std::size_t>(nargs);
   auto found = std::find_if(entries.begin(), entries.end(), [&](const Entry* e) {
     return e->op == op && e->expected.size() == count && matches(*e, given);
   });
@@ -264,7 +273,7 @@ PyObject* pair(at::Tensor a, at::Tensor b, bool with_none) {
 PyObject* decode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   Call call;
-  if (!begin(Op::kDecode, args, nargs, call)) Py_RETURN_NONE;
+  if (nargs < 1 || !begin(Op::kDecode, args + 1, nargs - 1, call)) Py_RETURN_NONE;
   const Entry& entry = *call.entry;
   const at::Tensor& q = *call.q;
   const bool lse_wanted = PyObject_IsTrue(args[0]) == 1;
@@ -308,7 +317,7 @@ PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
   if (at::autocast::is_autocast_enabled(at::kCUDA)) Py_RETURN_NONE;
   Call call;
-  if (!begin(Op::kForward, args, nargs, call)) Py_RETURN_NONE;
+  if (nargs < 1 || !begin(Op::kForward, args + 1, nargs - 1, call)) Py_RETURN_NONE;
   const Entry& entry = *call.entry;
   const at::Tensor& q = *call.q;
   const long result = PyLong_AsLong(args[0]);
@@ -327,6 +336,40 @@ PyObject* forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (!launch(call)) return nullptr;
   if (result == 0) return THPVariable_Wrap(std::move(out));
   return pair(std::move(out), std::move(lse), result == 1);
+  END_HANDLE_TH_ERRORS
+}
+
+// backward(*arguments): for a call that matches a kept backward (backward.py's _run_kept, as
+// C++; arguments: the backward's gradient, then what fwd's autograd saved, in ops._fwd_backward's
+// order), (dq, dk, dv); None (launching nothing) for any other, and where grad mode is on (a
+// double backward: Python raises).
+PyObject* backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (at::GradMode::is_enabled()) Py_RETURN_NONE;
+  Call call;
+  if (!begin(Op::kBackward, args, nargs, call)) Py_RETURN_NONE;
+  const Entry& entry = *call.entry;
+  at::Tensor grads[3];
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor& like = THPVariable_Unpack(args[entry.grads_like[i]]);
+    if (entry.heads_first) {
+      grads[i] = at::empty_permuted(like.sizes(), {0, 2, 1, 3}, like.options());
+      if (call.poison) grads[i].fill_(std::numeric_limits<float>::quiet_NaN());
+    } else {
+      grads[i] = call.empty(like.sizes(), like.scalar_type());
+    }
+    call.set(entry.grads[i], grads[i]);
+  }
+  // Held until the launch is queued: the caching allocator reuses it in stream order.
+  at::Tensor scratch;
+  if (entry.scratch_floats) {
+    scratch = at::empty({entry.scratch_floats}, call.q->options().dtype(at::kFloat));
+    call.set(entry.scratch, scratch);
+  }
+  if (!launch(call)) return nullptr;
+  PyObject* result = PyTuple_New(3);
+  for (int i = 0; i < 3; ++i) PyTuple_SET_ITEM(result, i, THPVariable_Wrap(std::move(grads[i])));
+  return result;
   END_HANDLE_TH_ERRORS
 }
 
@@ -361,8 +404,9 @@ int keep_common(Entry& entry, PyObject* arguments, PyObject* inputs, PyObject* l
       e.kind = Expected::kNone;
     } else if (plain_tensor(v)) {
       const at::Tensor& t = THPVariable_Unpack(v);
-      if (!t.is_cuda() || t.requires_grad()) return 1;
+      if (!t.is_cuda() || (t.requires_grad() && entry.op != Op::kBackward)) return 1;
       e.kind = Expected::kTensor;
+      e.requires_grad = t.requires_grad();
       e.device = t.get_device();
       e.dtype = t.scalar_type();
       e.sizes = t.sizes().vec();
@@ -525,6 +569,53 @@ PyObject* keep_forward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   END_HANDLE_TH_ERRORS
 }
 
+// keep_backward(arguments, inputs, launches, roles, grads_like, scratch_floats, heads_first,
+// q_position): keeps a backward launch for calls like `arguments` (backward()'s); roles: the
+// sources dq, dk, dv, the scratch, then the count of sources; grads_like: the argument
+// positions dq, dk and dv are shaped like (q, k, v). False as keep_decode.
+PyObject* keep_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError, "flashgen: keep_backward takes 8 arguments");
+    return nullptr;
+  }
+  std::vector<int64_t> roles, like;
+  if (!read_ints(args[3], roles) || !read_ints(args[4], like)) return nullptr;
+  if (roles.size() != 5 || like.size() != 3) {
+    PyErr_SetString(PyExc_ValueError, "flashgen: keep_backward: 5 roles and 3 gradients");
+    return nullptr;
+  }
+  auto entry = std::make_unique<Entry>();
+  entry->op = Op::kBackward;
+  const int kept = keep_common(*entry, args[0], args[1], args[2], int(roles[4]),
+                               int(PyLong_AsLong(args[7])));
+  if (kept < 0) return nullptr;
+  if (kept > 0) Py_RETURN_FALSE;
+  for (int i = 0; i < 4; ++i) {
+    if (!valid_source(*entry, roles[i], false)) {
+      PyErr_SetString(PyExc_ValueError, "flashgen: keep_backward: a role is no source");
+      return nullptr;
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (like[i] < 0 || like[i] >= int64_t(entry->expected.size()) ||
+        entry->expected[like[i]].kind != Expected::kTensor ||
+        entry->expected[like[i]].sizes.size() != 4) {
+      PyErr_SetString(PyExc_ValueError, "flashgen: keep_backward: a gradient is not shaped "
+                      "like a 4-d tensor argument");
+      return nullptr;
+    }
+    entry->grads[i] = int(roles[i]);
+    entry->grads_like[i] = int(like[i]);
+  }
+  entry->scratch = int(roles[3]);
+  entry->scratch_floats = PyLong_AsLongLong(args[5]);
+  entry->heads_first = PyObject_IsTrue(args[6]) == 1;
+  if (PyErr_Occurred()) return nullptr;
+  return kept_or_not(std::move(entry));
+  END_HANDLE_TH_ERRORS
+}
+
 PyObject* forget(PyObject*, PyObject*) {
   for (Entry* e : entries) delete e;
   entries.clear();
@@ -556,6 +647,10 @@ PyMethodDef methods[] = {
      METH_FASTCALL, "forward(result, *arguments): a kept launch's outputs, or None"},
     {"keep_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keep_forward)),
      METH_FASTCALL, "keeps a forward launch for calls of these arguments' signature"},
+    {"backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&backward)),
+     METH_FASTCALL, "backward(*arguments): a kept launch's gradients, or None"},
+    {"keep_backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&keep_backward)),
+     METH_FASTCALL, "keeps a backward launch for calls of these arguments' signature"},
     {"forget", forget, METH_NOARGS, "drops every kept plan"},
     {"kept", kept, METH_NOARGS, "how many plans are kept"},
     {"replays", replays, METH_NOARGS, "how many calls were launched from here"},
@@ -563,7 +658,7 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_flashgen_replay",
-                          "flashgen's host fast path for known decode calls", -1, methods};
+                          "flashgen's host fast path for known calls", -1, methods};
 
 }  // namespace
 

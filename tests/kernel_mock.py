@@ -67,6 +67,9 @@ def install(monkeypatch) -> SimpleNamespace:
                 for index, address_ in zip(patched, addresses_and_stream[:-1]):
                     filled[index] = address_
                 record.launches.append((entry, (address, error_string, *filled)))
+            # Prepared.parts(): the fields stand in for the params' bytes, their indices for
+            # the patched members' byte offsets.
+            launch.parts = lambda: (address, error_string, tuple(fields), tuple(patched))
             return launch
         return prepare
 

@@ -28,7 +28,7 @@ def poisoning(allocate):
 
 def poison_allocations(monkeypatch) -> None:
     """Until monkeypatch undoes it, every allocator in ALLOCATORS poisons what it makes, and so
-    does the compiled replay of known decode calls (flashgen/replay.py), which allocates in C++."""
+    does the compiled replay of known calls (flashgen/replay.py), which allocates in C++."""
     for owner, name in ALLOCATORS:
         monkeypatch.setattr(owner, name, poisoning(getattr(owner, name)))
     monkeypatch.setenv("FLASHGEN_POISON_OUTPUTS", "1")

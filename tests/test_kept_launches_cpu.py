@@ -7,6 +7,7 @@ were copied, are one another, or its modifiers hold tensors. The real Python pat
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 
@@ -160,6 +161,99 @@ def test_clear_plans_forgets_the_kept_backwards(record):
     trained(qkv())
     backward.clear_plans()
     assert not backward._kept
+
+
+# --- the compiled replay of the kept backwards ----------------------------------------------
+
+@pytest.fixture
+def compiled_replay(monkeypatch):
+    """A loaded stand-in for the compiled replay's module (flashgen/replay.py), the backward's
+    replay on (as FLASHGEN_REPLAY_BACKWARD=1 turns it on): it records what is offered to
+    keep_backward and what backward() gets, and returns `.gradients` from backward() (None, so
+    Python runs the call, until a test sets them)."""
+    from flashgen import replay
+
+    stand_in = SimpleNamespace(kept=[], calls=[], gradients=None)
+
+    def replayed_backward(*arguments):
+        stand_in.calls.append(arguments)
+        return stand_in.gradients
+
+    module = SimpleNamespace(
+        decode=lambda *a: None, forward=lambda *a: None, backward=replayed_backward,
+        keep_decode=lambda *a: True, keep_forward=lambda *a: True,
+        keep_backward=lambda *a: stand_in.kept.append(a) or True, forget=lambda: None)
+    monkeypatch.setattr(replay, "_module", module)
+    for name in ("decode", "forward", "backward"):
+        monkeypatch.setattr(replay, name, getattr(module, name))
+    return stand_in
+
+
+def test_a_kept_backward_is_offered_once_with_its_inputs_places(record, compiled_replay):
+    first = trained(qkv())
+    (offered,) = compiled_replay.kept
+    given, pairs, launches, roles, grads_like, scratch, heads_first, q_position = offered
+    sources, positions = pairs[0::2], pairs[1::2]
+    assert sources == list(range(6)) and roles == backward.REPLAY_ROLES and not heads_first
+    assert [given[p].data_ptr() for p in positions] == [
+        first[name].data_ptr() for name in ("q", "k", "v", "o", "dout", "softmax_lse")]
+    assert list(grads_like) == positions[:3] and q_position == positions[0] and scratch > 0
+    trained(qkv())  # the stand-in replays nothing: Python launches, and offers nothing again
+    assert len(compiled_replay.kept) == 1 and len(compiled_replay.calls) == 2
+
+
+def test_the_replays_patches_give_the_kept_launch_of_each_calls_own_tensors(record,
+                                                                              compiled_replay):
+    """The compiled replay sets each patched member to its source's address plus its offset:
+    that gives what backward.py's Python path launches with the same tensors and scratch."""
+    trained(qkv())
+    taken(record, "bwd")
+    tensors = trained(qkv())
+    (launched,) = taken(record, "bwd")
+    ((_, _, fields, patches),), roles, _ = backward.replay_parts(*backward._kept.values())
+    names = params.BwdArgs._fields
+    sources = [tensors[name].data_ptr() for name in (
+        "q", "k", "v", "o", "dout", "softmax_lse", "dq", "dk", "dv")]
+    scratch_bases = set()
+    for index, source, offset in zip(patches[0::3], patches[1::3], patches[2::3]):
+        if source == backward.REPLAY_SCRATCH:
+            scratch_bases.add(launched[names[index]] - offset)
+        else:
+            assert launched[names[index]] == sources[source] + offset, names[index]
+    assert len(scratch_bases) == 1  # one scratch tensor at the recorded offsets
+    patched = set(patches[0::3])
+    assert all(fields[i] == launched[names[i]] for i in range(len(names)) if i not in patched)
+
+
+def test_a_replayed_backward_hands_its_gradients_to_autograd(record, compiled_replay):
+    trained(qkv())
+    gradients = tuple(torch.full(t.shape, float(i), dtype=t.dtype)
+                      for i, t in enumerate(qkv()))
+    compiled_replay.gradients = gradients
+    record.launches.clear()
+    tensors = trained(qkv())
+    assert not taken(record, "bwd")  # nothing launched from Python
+    for name, expected in zip(("dq", "dk", "dv"), gradients):
+        assert torch.equal(tensors[name], expected)
+    from flashgen.op_schema import SAVED
+    assert compiled_replay.calls[-1][SAVED.replayed[4]].data_ptr() == tensors["dout"].data_ptr()
+
+
+def test_no_backward_is_offered_where_dout_was_copied_or_a_modifier_holds_tensors(
+        record, compiled_replay):
+    q, k, v = (t.requires_grad_() for t in qkv())
+    flash_attn_func(q, k, v).sum().backward()  # an expanded dout: the kernel reads a copy
+    out = flash_attn_func(q, k, v, alibi_slopes=torch.rand(4, dtype=torch.float32))
+    out.backward(torch.randn_like(out))
+    assert not compiled_replay.kept
+
+
+def test_clear_plans_forgets_what_the_compiled_replay_kept_of_the_backwards(record):
+    from flashgen import replay
+
+    generation = replay.generation
+    backward.clear_plans()
+    assert replay.generation == generation + 1
 
 
 # --- flash_attn_func's known calls ---------------------------------------------------------

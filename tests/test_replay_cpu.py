@@ -1,7 +1,9 @@
-"""When the compiled replay of known decode calls (flashgen/replay.py) loads, builds or stays off:
-decode calls keep running from Python wherever it is not loaded."""
+"""When the compiled replay of known calls (flashgen/replay.py) loads, builds or stays off:
+calls keep running from Python wherever it is not loaded."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
@@ -60,7 +62,7 @@ def test_a_missing_replay_builds_at_the_first_call_and_a_failure_says_so_once(
     assert replay.decode(True, None) is None
     assert builds == [1] and not replay.ready()
     err = capsys.readouterr().err
-    assert err.count("did not build") == 1 and "decode calls run from Python" in err
+    assert err.count("did not build") == 1 and "repeated calls run from Python" in err
 
 
 @pytest.mark.parametrize("env", [{"FLASHGEN_JIT": "0"}, {"FLASHGEN_REPLAY": "0"}])
@@ -81,3 +83,18 @@ def test_the_replay_is_built_per_torch_version(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
     assert cache.replay_path() != one
     assert one.parent.parent == cache.replay_path().parent.parent  # one folder of versions
+
+
+def test_the_backwards_replay_is_off_unless_flashgen_replay_backward_is_1(fresh_replay,
+                                                                        monkeypatch):
+    module = SimpleNamespace(decode=lambda *a: None, forward=lambda *a: None,
+                             backward=lambda *a: None, keep_backward=lambda *a: True,
+                             forget=lambda: None)
+    monkeypatch.setattr(replay, "_module", module)
+    replay._load(None)  # the module is loaded: this only hands out its functions
+    assert replay.ready() and replay.backward is not module.backward
+    assert replay.keep_backward((), ((), (), 0), (0, 1, 2, 3, 4, 5), False) is False
+    monkeypatch.setenv("FLASHGEN_REPLAY_BACKWARD", "1")
+    replay._load(None)
+    assert replay.backward is module.backward
+    assert replay.keep_backward((), ((), (), 0), (0, 1, 2, 3, 4, 5), False) is True

@@ -92,9 +92,9 @@ def checks() -> list[Check]:
     found.append(Check("JIT", "on (FLASHGEN_JIT=0 turns it off)" if paths.jit_enabled()
                        else "off: an unbuilt kernel raises instead of compiling", needed=False))
     replay = cache.replay_path()
-    found.append(Check("replay of known decode calls",
+    found.append(Check("replay of known calls",
                        f"built ({replay.parent})" if replay.is_file() else "",
-                       "not built: decode calls run from Python (the first call builds it in the "
+                       "not built: repeated calls run from Python (the first call builds it in the "
                        "background, as `flashgen generate` does)", needed=False))
     for name, package in (("transformers", "transformers"), ("FlashAttention-4", "flash-attn-4")):
         version = _version(package)

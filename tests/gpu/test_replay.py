@@ -1,9 +1,10 @@
 """The compiled replay of known calls (flashgen/replay.py): a flash_attn_with_kvcache,
 flash_attn_func or flash_attn_varlen_func call of a signature planned before (the forwards'
-without autograd) launches from C++ and gives what the Python path gives, bit for bit, outputs
-poisoned either way; a call of any other signature, an unaligned one, one that autograd records
-or autocast casts, and any call under FLASHGEN_DEBUG_CHECKS=1 runs from Python; CUDA graphs
-capture replayed calls."""
+without autograd), and the dense backward of a flash_attn_func call, launches from C++ and gives
+what the Python path gives, bit for bit, outputs poisoned either way; a call of any other
+signature, an unaligned one, a forward that autograd records or autocast casts, a backward of an
+expanded gradient or under create_graph, and any call under FLASHGEN_DEBUG_CHECKS=1 runs from
+Python; CUDA graphs capture replayed calls."""
 
 import math
 
@@ -276,3 +277,75 @@ def test_forwards_that_autograd_records_or_autocast_casts_run_from_python():
     out = flash_attn_func(grad_q, k, v)
     out.float().sum().backward()
     assert replay.replays() == before and grad_q.grad is not None
+
+
+def _training(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, **kwargs):
+    """A training step's gradients: flash_attn_func forward, then backward of one fixed dout;
+    returns (dq, dk, dv)."""
+    q, k, v = _qkv(batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, requires_grad=True)
+    dout = torch.randn(batch, seqlen_q, heads, head_dim, device="cuda").to(torch.bfloat16)
+
+    def call():
+        for t in (q, k, v):
+            t.grad = None
+        flash_attn_func(q, k, v, **kwargs).backward(dout)
+        return q.grad, k.grad, v.grad
+    return call
+
+
+# Deterministic backwards compare bit for bit; "atomic" adds dq in whatever order the blocks
+# finish, so it compares within a rounding.
+BACKWARDS = {
+    "tiny": lambda: _training(1, 64, 64, 1, 1, 64, deterministic=True),  # bench --overhead's
+    "causal_odd_gqa": lambda: _training(2, 257, 300, 8, 2, 128, causal=True,
+                                        deterministic=True),
+    "window_hd64": lambda: _training(2, 300, 300, 8, 8, 64, window_size=(64, 0),
+                                     deterministic=True),
+    "scaled_softcap": lambda: _training(1, 128, 512, 4, 4, 128, softmax_scale=0.05,
+                                        softcap=20.0, deterministic=True),
+    "atomic": lambda: _training(2, 300, 300, 8, 2, 128),
+}
+
+
+@pytest.fixture
+def backward_replay(monkeypatch):
+    """The backward's replay on (FLASHGEN_REPLAY_BACKWARD=1)."""
+    monkeypatch.setenv("FLASHGEN_REPLAY_BACKWARD", "1")
+    replay.reset()
+    yield
+    monkeypatch.delenv("FLASHGEN_REPLAY_BACKWARD")
+    replay.reset()
+
+
+@pytest.mark.parametrize("name", BACKWARDS)
+def test_a_replayed_backward_gives_what_python_gives(name, backward_replay, poisoned_allocations,
+                                                     monkeypatch):
+    call = BACKWARDS[name]()
+    expected = tuple(g.clone() for g in _python(call, monkeypatch))
+    replayed = _replayed(call)
+    if name == "atomic":
+        for x, y in zip(replayed, expected):
+            assert not x.isnan().any(), "a gradient element was never written"
+            torch.testing.assert_close(x, y, atol=2e-2, rtol=2e-2)
+    else:
+        _assert_equal(replayed, expected)
+
+
+def test_backwards_of_an_expanded_gradient_or_a_double_backward_run_from_python(
+        backward_replay):
+    call = BACKWARDS["tiny"]()
+    _replayed(call)
+    q, k, v = _qkv(1, 64, 64, 1, 1, 64, requires_grad=True)
+    before = replay.replays()
+    flash_attn_func(q, k, v, deterministic=True).sum().backward()  # dout expanded: copied
+    out = flash_attn_func(q, k, v, deterministic=True)
+    (dq,) = torch.autograd.grad(out, q, torch.randn_like(out), create_graph=True)
+    assert replay.replays() == before and q.grad is not None and dq.requires_grad
+
+
+def test_the_backwards_replay_is_off_by_default():
+    call = BACKWARDS["tiny"]()
+    for _ in range(3):
+        before = replay.replays()
+        call()
+        assert replay.replays() == before
