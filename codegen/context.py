@@ -9,6 +9,8 @@ from pathlib import Path
 from codegen.spec import KernelSpec
 
 ELEMENT_TYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+# The inputs' element of the kinds whose inputs are not of the spec's dtype (the output's).
+INPUT_ELEMENT_TYPES = {"fwd_fp8": "cutlass::float_e4m3_t"}
 
 
 def template(spec: KernelSpec) -> tuple[Path, str]:
@@ -21,7 +23,9 @@ def template(spec: KernelSpec) -> tuple[Path, str]:
 def variables(spec: KernelSpec) -> dict:
     """The template's variables beside `spec`: C++ type names, a config-defined variant's code
     and the family's compile-time choices derived from the tile (plain str, bool and int)."""
-    return {"element_type": ELEMENT_TYPES[spec.dtype], "mask_type": spec.mask_kind.cpp_type,
+    return {"element_type": ELEMENT_TYPES[spec.dtype],
+            "input_element_type": INPUT_ELEMENT_TYPES.get(spec.kind, ELEMENT_TYPES[spec.dtype]),
+            "mask_type": spec.mask_kind.cpp_type,
             "score_mod_type": spec.score_mod_kind.cpp_type, "dropout_type": spec.dropout_type,
             **_variant_code(spec), **spec.family_record.template_context(spec)}
 

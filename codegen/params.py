@@ -146,6 +146,16 @@ FWD_FIELDS = (
           "(batch, seqlen_k), (1, total rows) packed, (cache rows, capacity) for a contiguous "
           "cache, (pages, page_size) for a paged one. 0: batch and seqlen_k", default=0),
     Field("kv_view_rows", "int", default=0),
+    *(field_ for name in ("q", "k", "v") for field_ in (
+        Field(f"{name}_descale", "const float*", "The e4m3 forward (the hopper family's fwd_fp8 "
+              "kind): q's, k's and v's dequantisation factors, fp32 per (batch, KV head), "
+              "element b * <name>_descale_batch_stride + h * <name>_descale_head_stride "
+              "(FlashAttention-3's q_descale, k_descale, v_descale); the scores are scaled by "
+              "q's and k's, the output by v's. v is then V^T with its keys permuted "
+              "(flashgen/fp8.py): (batch, heads_kv, head_dim, keys), v_row_stride the head "
+              "dim's. nullptr: 1" if name == "q" else "", default=0),
+        Field(f"{name}_descale_batch_stride", "int64_t", "", default=0),
+        Field(f"{name}_descale_head_stride", "int64_t", "", default=0))),
 ) + KV_CACHE_FIELDS
 
 BWD_FIELDS = (

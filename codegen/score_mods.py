@@ -20,7 +20,7 @@ class ScoreModKind:
 
 
 SCORE_MODS = {m.name: m for m in (
-    ScoreModKind("none", "flashgen::IdentityScore", ("fwd", "bwd", "kvcache")),
+    ScoreModKind("none", "flashgen::IdentityScore", ("fwd", "bwd", "kvcache", "fwd_fp8")),
     # softcap * tanh(s * softmax_scale / softcap) (Gemma-2, Grok), the cap at run time
     # (params.h's softcap).
     ScoreModKind("softcap", "flashgen::Softcap", ("fwd", "bwd", "kvcache")),

@@ -18,7 +18,7 @@ class KernelSpec:
     family: str     # "mma": which templates, codegen/families/
     kind: str       # "fwd" | "bwd": which of the family's templates
     arch: str       # "sm_90": the gencode target and the config table the tile came from
-    dtype: str      # "fp16" | "bf16"
+    dtype: str      # "fp16" | "bf16"; of an e4m3 forward (fwd_fp8), its output's
     head_dim: int
     mask: str       # "none" | "causal" | "window" (codegen/masks.py) | a variant's name
     tile: Tile      # the kind's tile (its fields are the config keys)
@@ -64,7 +64,7 @@ class KernelSpec:
         return SCORE_MODS[self.score_mod]
 
 
-KINDS = ("fwd", "bwd", "kvcache")
+KINDS = ("fwd", "bwd", "kvcache", "fwd_fp8")
 
 
 def configured_specs(config: Config, alt_tiles=True) -> list[KernelSpec]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from flashgen import forward, host, kvcache, ops, replay, validate, variant_args
+from flashgen import forward, fp8, host, kvcache, ops, replay, validate, variant_args
 from flashgen.band import Band
 from flashgen.modifiers import PLAIN, Modifiers
 
@@ -13,7 +13,8 @@ from flashgen.modifiers import PLAIN, Modifiers
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, s_aux=None, learnable_sink=None, variant=None,
-                    variant_tensors=None, block_mask=None):
+                    variant_tensors=None, block_mask=None, q_descale=None, k_descale=None,
+                    v_descale=None, out_dtype=None):
     """Exact attention, FlashAttention-2's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_kv, headdim), with
@@ -43,17 +44,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     flashgen.block_mask) spares each call the pass that finds its key blocks. The variant's
     tensors get no gradient. dropout_p > 0 with a variant runs where its table sets dropout =
     true (the default config's document variant does).
+
+    q, k, v in torch.float8_e4m3fn run the 8-bit forward on Hopper (flashgen/fp8.py; forward
+    only, no dropout, softcap, ALiBi, sinks or variants): q_descale, k_descale, v_descale, fp32
+    (batch, nheads_k) or broadcast to it (FlashAttention-3's), dequantise them (scores scaled
+    by q's and k's, the output by v's; None: 1), and out is out_dtype (torch.bfloat16 by
+    default, or torch.float16).
     """
     key = None
-    if variant is None and variant_tensors is None and block_mask is None:
+    plain = (variant is None and variant_tensors is None and block_mask is None
+             and q_descale is None and k_descale is None and v_descale is None
+             and out_dtype is None)
+    if plain:
         if ops.nothing_sees_ops():
             ran = replay.forward(1 if return_attn_probs else 0, q, k, v, dropout_p,
                                  softmax_scale, causal, window_size, softcap, alibi_slopes,
                                  deterministic, s_aux, learnable_sink)
             if ran is not None:
                 return ran
-    if (variant is None and variant_tensors is None and block_mask is None
-            and not torch.compiler.is_compiling()):  # dynamo traces no itemgetter
+    if plain and not torch.compiler.is_compiling():  # dynamo traces no itemgetter
         given = (q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                  deterministic, s_aux, learnable_sink)
         key = _signature(given)
@@ -65,6 +74,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             ran = forward.run_kept(known.launch, q, k, v, heads_first=False)
             if ran is not None:
                 return (*ran, None) if return_attn_probs else ran[0]
+    if fp8.wanted(q, k, v, (q_descale, k_descale, v_descale), out_dtype):
+        return fp8.flash_attn_func(
+            q, k, v, softmax_scale, causal, window_size, q_descale, k_descale, v_descale,
+            out_dtype, return_attn_probs, dropout_p=(dropout_p, 0.0), softcap=(softcap, 0.0),
+            alibi_slopes=(alibi_slopes, None), s_aux=(s_aux, None),
+            learnable_sink=(learnable_sink, None), variant=(variant, None),
+            variant_tensors=(variant_tensors, None), block_mask=(block_mask, None))
     inputs = q, k, v
     q, k, v, scale, mask, band, mods = dense_arguments(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, variant,

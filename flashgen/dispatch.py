@@ -15,7 +15,8 @@ class DispatchError(ValueError):
     """No configured kernel can run this call; the message says how to add one."""
 
 
-_KIND_WORDS = {"fwd": "forward", "bwd": "backward", "kvcache": "KV-cache"}
+_KIND_WORDS = {"fwd": "forward", "bwd": "backward", "kvcache": "KV-cache",
+               "fwd_fp8": "float8_e4m3fn forward"}
 
 
 @dataclass(frozen=True)

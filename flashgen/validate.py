@@ -32,31 +32,47 @@ def check_unsupported(**arguments) -> None:
 def check_qkv(names: tuple[str, str, str], q, k, v) -> str:
     """q, k, v: CUDA tensors of one supported dtype on one device, rank 4, head dim contiguous.
     Returns the dtype's short name."""
-    for name, t in zip(names, (q, k, v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
-    for name, t in zip(names, (q, k, v)):
-        if t.device.type != "cuda":
-            raise ValueError(f"flashgen: {name} is on {t.device}; flashgen runs on CUDA tensors "
-                             f"(move them with .cuda())")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"flashgen: {names[0]}, {names[1]}, {names[2]} must be on one device, "
-                         f"got {q.device}, {k.device}, {v.device}")
+    check_tensors(names, q, k, v)
+    check_on_one_cuda_device(names, q, k, v)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"flashgen: {names[0]}, {names[1]}, {names[2]} must have one dtype, got "
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise TypeError(f"flashgen: {q.dtype} inputs run in flash_attn_func alone (its "
+                        f"float8_e4m3fn forward, flashgen/fp8.py); here use torch.float16 or "
+                        f"torch.bfloat16")
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"flashgen: dtype {q.dtype} is not supported; use torch.float16 or "
                         f"torch.bfloat16 (casting, e.g. q.to(torch.bfloat16), is the caller's "
                         f"choice)")
-    for name, t in zip(names, (q, k, v)):
+    check_rank_4_head_dim_contiguous(names, q, k, v)
+    return SUPPORTED_DTYPES[q.dtype]
+
+
+def check_tensors(names: tuple[str, ...], *tensors) -> None:
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"flashgen: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_on_one_cuda_device(names: tuple[str, ...], *tensors) -> None:
+    for name, t in zip(names, tensors):
+        if t.device.type != "cuda":
+            raise ValueError(f"flashgen: {name} is on {t.device}; flashgen runs on CUDA tensors "
+                             f"(move them with .cuda())")
+    if len({t.device for t in tensors}) > 1:
+        raise ValueError(f"flashgen: {', '.join(names)} must be on one device, got "
+                         f"{', '.join(str(t.device) for t in tensors)}")
+
+
+def check_rank_4_head_dim_contiguous(names: tuple[str, ...], *tensors) -> None:
+    for name, t in zip(names, tensors):
         if t.dim() != 4:
             raise ValueError(f"flashgen: {name} must have 4 dimensions, got shape "
                              f"{tuple(t.shape)}")
         if t.stride(-1) != 1 and t.shape[-1] > 1:
             raise ValueError(f"flashgen: {name}'s last dimension must be contiguous (stride 1), "
                              f"got strides {t.stride()}; pass {name}.contiguous()")
-    return SUPPORTED_DTYPES[q.dtype]
 
 
 def check_shapes(names: tuple[str, str, str], q, k, v, layout: str) -> None:

@@ -202,7 +202,12 @@ def test_forward_launch_fills_every_field(binding, monkeypatch, family, mask):
                               "ranks_per_round": RANKS_PER_ROUND, "tile_counter": tile_counter,
                               "q_view_batch": BATCH, "q_view_rows": SEQLEN_Q,
                               "kv_view_batch": BATCH, "kv_view_rows": SEQLEN_K,
-                              **NO_CACHE}
+                              **NO_DESCALES, **NO_CACHE}
+
+
+# FwdParams' descales outside an e4m3 forward.
+NO_DESCALES = {f"{name}_descale{part}": None if not part else 0
+               for name in "qkv" for part in ("", "_batch_stride", "_head_stride")}
 
 
 # FwdParams' KV-cache fields when k and v are not a cache.

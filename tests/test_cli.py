@@ -28,6 +28,7 @@ def test_generate_dry_run_renders_the_config(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.glob("mma/*.cu")) == ["bwd_sample.cu", "fwd_sample.cu",
                                                                  "kvcache_sample.cu"]
     assert sorted(p.name for p in tmp_path.glob("hopper/*.cu")) == ["bwd_sample.cu",
+                                                                     "fwd_fp8_sample.cu",
                                                                      "fwd_sample.cu"]
     manifest = (tmp_path / "manifest.json").read_text()
     # 3 masks; forward and backward kernels x 5 score modifiers (none, softcap, alibi,
@@ -89,7 +90,7 @@ def test_an_arch_without_tables_says_what_to_add(capsys):
 def test_dry_run_says_how_many_kernels_the_filters_select(tmp_path, capsys):
     assert main(["generate", "--dry-run", "--out", str(tmp_path), "--arch", "sm_90", "--mask",
                  "none", "--mask", "causal", "--score-mod", "none", "--dropout", "without"]) == 0
-    assert "the filters select 112" in capsys.readouterr().out
+    assert "the filters select 124" in capsys.readouterr().out  # 112 and 12 e4m3 forwards
 
 
 def test_list_into_a_pipe_closed_early_exits_quietly():
@@ -136,8 +137,9 @@ def test_list_shows_specs_and_build_state(tmp_path, monkeypatch, capsys):
     assert "bwd_hopper_sm90_bf16_hd128_causal_softcap_m64n128s2d1" in out
     # per dtype and mask (6) 4 forward and backward kernels (each family's; no mma alt tile on
     # sm_90) x 5 score modifiers, twice (with dropout), and 2 decode kernels x 4 (all but bias):
-    # 288; the variants' 84
-    assert "372 kernel(s)" in out
+    # 288; the variants' 84; the e4m3 forwards, per output dtype and mask (6)
+    assert "378 kernel(s)" in out
+    assert "fwd_fp8_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1" in out
     assert "fwd_hopper_sm90_bf16_hd128_document_m128n128s2p1o1" in out
 
 

@@ -1,10 +1,10 @@
 """nvcc compiles one spec of each family, kind and arch target to object files (the hopper kernels
 for sm_90a, with ptxas warnings as errors), half of them with the softcap score modifier, plus one
 with ALiBi and two of config-defined variants (the default config's document mask forward, and
-block_sparse's backward, which walks by its bitmaps): catches template errors on machines without
-a GPU. The slowest CPU test (about a minute per kernel per core, ten kernels). A variant's
-snippets compile alone first, and a broken one names its table. One decode spec builds split
-(device code and launch code apart) and links."""
+block_sparse's backward, which walks by its bitmaps) and the e4m3 forward: catches template errors
+on machines without a GPU. The slowest CPU test (about a minute per kernel per core, eleven
+kernels). A variant's snippets compile alone first, and a broken one names its table. One decode
+spec builds split (device code and launch code apart) and links."""
 
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
                              kinds=["fwd"], family_names=["hopper"], dropout=True)
     specs += enumerate_specs(config, head_dims=[64], dtypes=["bf16"], masks=["block_sparse"],
                              kinds=["bwd"], family_names=["hopper"])
+    # The e4m3 forward, whose traits check P's register layout against CuTe's (fragments.cuh).
+    specs += enumerate_specs(config, head_dims=[128], dtypes=["bf16"], masks=["causal"],
+                             kinds=["fwd_fp8"])
     # Dropout where its code differs most: the mma backward's column-paired tiles and the hopper
     # backward's lane swap.
     specs = [dataclasses.replace(s, dropout=True) if s.kind == "bwd" and s.arch == "sm_90"
@@ -54,6 +57,7 @@ def test_one_spec_per_kind_and_arch_compiles_to_an_object(tmp_path, monkeypatch)
         ("hopper", "bwd", "sm_90", "causal", "softcap", True),
         ("hopper", "fwd", "sm_90", "causal", "softcap", False),
         ("hopper", "fwd", "sm_90", "document", "none", True),
+        ("hopper", "fwd_fp8", "sm_90", "causal", "none", False),
         ("mma", "bwd", "sm_80", "causal", "alibi", False),
         ("mma", "bwd", "sm_80", "causal", "none", False),
         ("mma", "bwd", "sm_90", "causal", "softcap", True),

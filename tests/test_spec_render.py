@@ -39,11 +39,16 @@ def test_spec_count_is_the_product_of_the_axes(specs):
     # document's, head_window's and relative_bias's tables set kvcache = true: the KV-cache tiles
     # (sm_80 1, sm_90 2 per head dim) x 2 head dims x 2 dtypes, for 2 + 3 masks
     decode = (1 + 2) * 2 * 2 * 5
-    assert len(specs) == built_in + variants + document + decode
+    # The hopper family's e4m3 forwards: head dims 64, 128 and 256 x 3 masks x 2 output dtypes,
+    # no score modifier, variant or dropout.
+    fp8 = 3 * 3 * 2
+    assert len(specs) == built_in + variants + document + decode + fp8
     assert len({s.name for s in specs}) == len(specs)
     sm_90_variants = (4 + 3) * 2 * (2 * 2 + 2 * 2) + 2 + 2 * (2 * 2 + 2 * 2) + 2 * 2 * 2 * 5
     assert len([s for s in specs if s.arch == "sm_90"]) == (
-        (2 * 6 * 2 * 3 * 2 + (34 + 30) * 2) * 5 + 30 * 4 + sm_90_variants)
+        (2 * 6 * 2 * 3 * 2 + (34 + 30) * 2) * 5 + 30 * 4 + sm_90_variants + fp8)
+    assert {(s.score_mod, s.variant, s.dropout) for s in specs if s.kind == "fwd_fp8"} == {
+        ("none", None, False)}
     assert {(s.family, s.kind) for s in specs if s.dropout} == {("mma", "fwd"), ("mma", "bwd"),
                                                                  ("hopper", "fwd"),
                                                                  ("hopper", "bwd")}
@@ -61,6 +66,8 @@ def test_name_encodes_every_compile_time_parameter(specs):
               and s.mask == "causal" and s.score_mod == "none" and not s.dropout]
     assert sorted(s.name for s in chosen) == ["bwd_hopper_sm90_bf16_hd128_causal_m64n128s3d1",
                                               "bwd_mma_sm90_bf16_hd128_causal_m64n128w8s2",
+                                              # e4m3 inputs, bf16 output
+                                              "fwd_fp8_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_hopper_sm90_bf16_hd128_causal_m128n128s2p1o1",
                                               "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3",
                                               "kvcache_mma_sm90_bf16_hd128_causal_m128n32w4s3",
@@ -88,9 +95,10 @@ def test_without_alt_tiles_one_spec_per_kind_and_call_properties():
     specs = enumerate_specs(load_config(paths.DEFAULT_CONFIG), alt_tiles=False)
     # as above; variants: 7 masks x 2 dtypes x (mma 2 archs x 2 kinds + hopper 2 kinds) x 2
     # head dims, document's twice (with dropout), and the decode kernels of document,
-    # head_window and relative_bias (5 masks x 2 dtypes x 2 archs x 2 head dims)
+    # head_window and relative_bias (5 masks x 2 dtypes x 2 archs x 2 head dims); the e4m3
+    # forwards (3 head dims x 3 masks x 2 output dtypes)
     assert len(specs) == ((2 * 2 * 6 * 5 * 2 + 2 * 3 * 4) * 2 * 3 + (5 + 5) * 2 * 2 * 3 * 5
-                          + 8 * 2 * (2 * 2 + 2) * 2 + 5 * 2 * 2 * 2)
+                          + 8 * 2 * (2 * 2 + 2) * 2 + 5 * 2 * 2 * 2 + 3 * 3 * 2)
     assert len({(s.family, s.kind, s.arch, s.dtype, s.head_dim, s.mask, s.score_mod, s.dropout)
                 for s in specs}) == len(specs)
     assert "fwd_mma_sm90_bf16_hd128_causal_m128n32w4s3" in {s.name for s in specs}
@@ -121,7 +129,8 @@ def test_render_is_deterministic_and_instantiates_the_spec(specs, kind, traits):
 def test_render_tree_writes_a_sample_per_template_the_manifest_and_its_summary(tmp_path, specs):
     changed = render.render_tree(specs, tmp_path)
     assert sorted(p.relative_to(tmp_path).as_posix() for p in changed) == [
-        "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "manifest.json", "mma/bwd_sample.cu",
+        "hopper/bwd_sample.cu", "hopper/fwd_fp8_sample.cu", "hopper/fwd_sample.cu",
+        "manifest.json", "mma/bwd_sample.cu",
         "mma/fwd_sample.cu", "mma/kvcache_sample.cu", "summary.md"]
     assert render.render_tree(specs, tmp_path) == []
     stale = tmp_path / "sm_90" / "fwd_sm90_removed.cu"
@@ -218,7 +227,8 @@ def test_hopper_render_passes_its_switches_as_cpp_booleans(specs):
     spec = next(s for s in specs if s.family == "hopper" and s.kind == "fwd" and s.head_dim == 128
                 and s.score_mod == "none" and s.variant is None and not s.dropout)
     text = render.render_spec(spec)
-    assert "flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>" in text
+    assert ("flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true, "
+            "cutlass::bfloat16_t>" in text)
     assert ("flashgen::hopper::launch_fwd<Traits, flashgen::CausalMask, flashgen::IdentityScore, "
             "flashgen::NoDropout>" in text)
 
@@ -227,8 +237,10 @@ def test_hopper_defines_extended_wgmma_shapes_only_where_a_gemm_needs_them(specs
     """CuTe's wider set of wgmma n costs compile time, so only tiles with an n outside its base
     shapes (block_n 80 at head dim 256, 112 at 192) pull it in."""
     define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
-    hopper = {s.head_dim: render.render_spec(s) for s in specs if s.family == "hopper"}
+    hopper = {s.head_dim: render.render_spec(s) for s in specs
+              if s.family == "hopper" and s.kind != "fwd_fp8"}
     assert sorted(hd for hd, text in hopper.items() if define in text) == [192, 256]
+    assert not any(define in render.render_spec(s) for s in specs if s.kind == "fwd_fp8")
     text = hopper[256]
     assert text.index(define) < text.index('#include "flashgen/hopper/fwd_launch.cuh"')
     assert hopper_resources.needs_extended_wgmma_shapes(128, 176)

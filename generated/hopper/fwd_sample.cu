@@ -20,7 +20,7 @@ struct block_sparse {
 }  // namespace flashgen::variants
 
 namespace {
-using Traits = flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true>;
+using Traits = flashgen::hopper::FwdTraits<128, 128, 128, 2, cutlass::bfloat16_t, true, true, cutlass::bfloat16_t>;
 }  // namespace
 
 extern "C" int fwd_hopper_sm90_bf16_hd128_block_sparse_m128n128s2p1o1(const flashgen::FwdParams* params, void* stream) {

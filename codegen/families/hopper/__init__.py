@@ -56,6 +56,11 @@ def _fwd_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:
                                    arch.smem_limit)
 
 
+def _fp8_problems(head_dim: int, tile: FwdTile, arch) -> list[str]:
+    return resources.tile_problems(head_dim, tile.block_m, tile.block_n, tile.kv_stages,
+                                   arch.smem_limit, fp8=True)
+
+
 def _bwd_problems(head_dim: int, tile: BwdTile, arch) -> list[str]:
     return resources.backward_tile_problems(head_dim, tile.block_m, tile.block_n, tile.q_stages,
                                             arch.smem_limit)
@@ -66,7 +71,7 @@ def template_context(spec) -> dict:
     without it a 176-key tile would run as eleven n = 16 instructions, each rereading Q from
     shared memory (the traits assert one instruction per GEMM). The backward's GEMMs have n =
     head_dim (dK, dV), block_m and dQ's shares' columns."""
-    if spec.kind == "fwd":
+    if spec.kind in ("fwd", "fwd_fp8"):
         ns = (spec.tile.block_n,)
     else:
         tile = spec.tile
@@ -84,6 +89,10 @@ FAMILY = Family(
     # Alt tiles are short-sequence tiles (flashgen/families/hopper/).
     kinds=(Kind("fwd", table=None, tile=FwdTile, template="fwd_kernel.cu.j2",
                 problems=_fwd_problems, alt_tiles=True),
+           # q, k, v in e4m3 with descales (the dtype is the output's), forward only: where
+           # a head dim's table has an fp8 subtable (flashgen/fp8.py).
+           Kind("fwd_fp8", table="fp8", tile=FwdTile, template="fwd_kernel.cu.j2",
+                problems=_fp8_problems, required=False),
            # Without a backward table, that head dim's gradients run on the mma family.
            Kind("bwd", table="backward", tile=BwdTile, template="bwd_kernel.cu.j2",
                 problems=_bwd_problems, required=False)),

@@ -27,24 +27,33 @@ def _align(n: int, to: int = 1024) -> int:
     return -(-n // to) * to
 
 
-def shared_bytes(head_dim: int, block_m: int, block_n: int, kv_stages: int) -> int:
+def shared_bytes(head_dim: int, block_m: int, block_n: int, kv_stages: int,
+                 fp8: bool = False) -> int:
     """Q (reused for O), the K and V rings, and their barriers (each ring's full and empty per
-    stage, Q's full and free, the tile handoff's four and its two indices)."""
-    q = _align(block_m * head_dim * ELEMENT_BYTES)
-    ring = _align(kv_stages * block_n * head_dim * ELEMENT_BYTES)
+    stage, Q's full and free, the tile handoff's four and its two indices); fp8: one-byte Q, K
+    and V, and O in a buffer of its own (16-bit, twice Q's bytes)."""
+    element_bytes = 1 if fp8 else ELEMENT_BYTES
+    q = _align(block_m * head_dim * element_bytes)
+    ring = _align(kv_stages * block_n * head_dim * element_bytes)
     barriers = 2 * 2 * 8 * kv_stages + 2 * 8 + 4 * 8 + 2 * 4
-    return q + 2 * ring + barriers
+    out = _align(block_m * head_dim * ELEMENT_BYTES) if fp8 else 0
+    return q + 2 * ring + out + barriers
 
 
-def accumulator_registers(head_dim: int, block_n: int) -> int:
-    """Per consumer thread: S (64 x block_n fp32), P (16-bit) and O (64 x head_dim fp32) over 128
-    threads."""
-    return block_n // 2 + block_n // 4 + head_dim // 2
+def accumulator_registers(head_dim: int, block_n: int, fp8: bool = False) -> int:
+    """Per consumer thread: S (64 x block_n fp32), P (16-bit, or 8-bit with fp8) and O (64 x
+    head_dim fp32) over 128 threads."""
+    return block_n // 2 + block_n // (8 if fp8 else 4) + head_dim // 2
 
 
 def tile_problems(head_dim: int, block_m: int, block_n: int, kv_stages: int,
-                  smem_limit: int) -> list[str]:
+                  smem_limit: int, fp8: bool = False) -> list[str]:
+    """fp8: an e4m3 forward's tile (fwd_traits.cuh's kFp8), whose GEMMs step k by 32 bytes."""
     problems = []
+    if fp8 and (head_dim % 32 or block_n % 32):
+        problems.append(f"head_dim {head_dim}, block_n {block_n}: an fp8 forward needs multiples "
+                        f"of 32 (an 8-bit wgmma's k step, over the head dim in QK^T and the keys "
+                        f"in PV)")
     if head_dim % 16 or head_dim > 256:
         problems.append(f"head_dim {head_dim}: the hopper family needs a multiple of 16 up to 256 "
                         f"(wgmma's k step); configure the next multiple of 16 and calls pad to it")
@@ -57,12 +66,12 @@ def tile_problems(head_dim: int, block_m: int, block_n: int, kv_stages: int,
         problems.append(f"kv_stages = {kv_stages}: at least 2, or TMA never runs ahead")
     if problems:
         return problems
-    smem = shared_bytes(head_dim, block_m, block_n, kv_stages)
+    smem = shared_bytes(head_dim, block_m, block_n, kv_stages, fp8)
     if smem > smem_limit:
         problems.append(f"needs {smem} bytes of shared memory, more than the {smem_limit} a block "
                         f"may use: lower block_n or kv_stages")
     budget = CONSUMER_REGISTERS[block_m // 64] - REGISTER_OVERHEAD
-    needed = accumulator_registers(head_dim, block_n)
+    needed = accumulator_registers(head_dim, block_n, fp8)
     if needed > budget:
         problems.append(f"needs about {needed} accumulator registers per consumer thread, more than "
                         f"the {budget} its {block_m // 64} warpgroup(s) leave: lower block_n (or "

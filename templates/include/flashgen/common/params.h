@@ -128,6 +128,20 @@ struct FwdParams : AttentionParams {
   // batch and seqlen_k
   int kv_view_batch;
   int kv_view_rows;
+  // The e4m3 forward (the hopper family's fwd_fp8 kind): q's, k's and v's dequantisation factors,
+  // fp32 per (batch, KV head), element b * <name>_descale_batch_stride + h *
+  // <name>_descale_head_stride (FlashAttention-3's q_descale, k_descale, v_descale); the scores are
+  // scaled by q's and k's, the output by v's. v is then V^T with its keys permuted
+  // (flashgen/fp8.py): (batch, heads_kv, head_dim, keys), v_row_stride the head dim's. nullptr: 1
+  const float* q_descale;
+  int64_t q_descale_batch_stride;
+  int64_t q_descale_head_stride;
+  const float* k_descale;
+  int64_t k_descale_batch_stride;
+  int64_t k_descale_head_stride;
+  const float* v_descale;
+  int64_t v_descale_batch_stride;
+  int64_t v_descale_head_stride;
   // (batch,): the keys in each sequence's cache before this call's new ones; nullptr: seqlen_k, the
   // whole cache
   const int* cache_seqlens;
@@ -315,9 +329,11 @@ struct DecodeParams : AttentionParams {
   X(dropout_seed) X(cu_seqlens_q) X(cu_seqlens_k) X(seqused_k) X(sinks)
 #define FLASHGEN_FWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(softmax_lse) X(ranks_per_round) X(tile_counter) \
-  X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(cache_seqlens) \
-  X(cache_batch_idx) X(cache_leftpad) X(block_table) X(block_table_batch_stride) X(page_size) \
-  X(seqlen_new)
+  X(q_view_batch) X(q_view_rows) X(kv_view_batch) X(kv_view_rows) X(q_descale) \
+  X(q_descale_batch_stride) X(q_descale_head_stride) X(k_descale) X(k_descale_batch_stride) \
+  X(k_descale_head_stride) X(v_descale) X(v_descale_batch_stride) X(v_descale_head_stride) \
+  X(cache_seqlens) X(cache_batch_idx) X(cache_leftpad) X(block_table) X(block_table_batch_stride) \
+  X(page_size) X(seqlen_new)
 #define FLASHGEN_BWDPARAMS_MEMBERS(X) FLASHGEN_ATTENTIONPARAMS_MEMBERS(X) X(o) X(o_batch_stride) \
   X(o_row_stride) X(o_head_stride) X(dout) X(do_batch_stride) X(do_row_stride) X(do_head_stride) \
   X(dq) X(dq_batch_stride) X(dq_row_stride) X(dq_head_stride) X(dk) X(dk_batch_stride) \

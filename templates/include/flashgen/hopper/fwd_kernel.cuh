@@ -268,7 +268,9 @@ __device__ __forceinline__ void load_key_block(
   using namespace cute;
   pipeline.producer_acquire(state);
   auto& barrier = *pipeline.producer_get_barrier(state);
-  if (kDense || rows.in_order(p, n_block)) {
+  if constexpr (kDense) {
+    copy(tma.with(barrier), in_order(_, n_block), stages(_, state.index()));
+  } else if (rows.in_order(p, n_block)) {
     copy(tma.with(barrier), in_order(_, n_block), stages(_, state.index()));
   } else {
     const int2 at = rows.key_block(p, n_block);
@@ -276,6 +278,19 @@ __device__ __forceinline__ void load_key_block(
          stages(_, state.index()));
   }
   ++state;
+}
+
+// An fp8 forward's V^T (the tma's tensor m, (head dim, keys, heads, slots), keys contiguous) of KV
+// head `head_kv` in `slot`, partitioned for the tma into the ring s, (head dim, block_n, stages):
+// as tma_key_blocks' (a dense batch's: key blocks from key 0).
+template <class Traits, class Tma, class GTensor, class STensor>
+__device__ __forceinline__ auto tma_key_blocks_vt(Tma const& tma, GTensor const& m,
+                                                  STensor const& s, int head_kv, int slot) {
+  using namespace cute;
+  // (head dim, block_n, blocks)
+  Tensor g = local_tile(m(_, _, head_kv, slot),
+                        Shape<typename Traits::HD, Int<Traits::kBlockN>>{}, make_coord(_0{}, _));
+  return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
 }
 
 // The producer (warpgroup 0's first thread): hands each tile's index to the consumers, then loads
@@ -298,13 +313,22 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
   using QLayout = typename Traits::SmemLayoutQ;
   Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), QLayout{});  // (64, HD, kConsumers)
   Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), KV{});  // (BLK_N, HD, PIPE)
-  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), KV{});  // (BLK_N, HD, PIPE)
-  // (rows, HD, heads, slots) of the TMA views; K's and V's of the KV heads
+  // (BLK_N, HD, PIPE); fp8: V^T's (HD, BLK_N, PIPE)
+  Tensor sV = make_tensor(make_smem_ptr(smem.v.data()),
+                          std::conditional_t<Traits::kFp8, typename Traits::SmemLayoutVt, KV>{});
+  // (rows, HD, heads, slots) of the TMA views; K's and V's of the KV heads (fp8: V^T's (HD,
+  // rows, heads_kv, slots))
   Tensor mQ = tmas.q.get_tma_tensor(make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));
   Tensor mK = tmas.k.get_tma_tensor(
       make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
-  Tensor mV = tmas.v.get_tma_tensor(
-      make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
+  auto v_shape = [&] {
+    if constexpr (Traits::kFp8) {
+      return make_shape(HD{}, p.kv_view_rows, p.heads_kv, p.kv_view_batch);
+    } else {
+      return make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch);
+    }
+  };
+  Tensor mV = tmas.v.get_tma_tensor(v_shape());
   auto k_state = cutlass::make_producer_start_state<Pipeline>();
   auto v_state = cutlass::make_producer_start_state<Pipeline>();
   int q_loads = 0;
@@ -321,8 +345,15 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
                                       group_modes<0, 2>(gQ));  // (TMA, slabs), (TMA, kConsumers)
     auto [tKgK, tKsK] = tma_key_blocks<Traits>(tmas.k, mK, sK, head_kv, w.rows.k_row0,
                                                w.rows.k_slot);  // (TMA, blocks), (TMA, PIPE)
-    auto [tVgV, tVsV] = tma_key_blocks<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_row0,
-                                               w.rows.k_slot);  // (TMA, blocks), (TMA, PIPE)
+    auto v_blocks = [&] {
+      if constexpr (Traits::kFp8) {
+        static_assert(kDense, "fp8: dense batches only (fwd_launch.cuh)");
+        return tma_key_blocks_vt<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_slot);
+      } else {
+        return tma_key_blocks<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_row0, w.rows.k_slot);
+      }
+    };
+    auto [tVgV, tVsV] = v_blocks();  // (TMA, blocks), (TMA, PIPE)
 
     int n_block = w.n_last;
     load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.k, mK, sK, tKgK, tKsK, pipeline_k,
@@ -374,9 +405,17 @@ struct GemmTurns {
   }
 };
 
+// An fp8 forward's dequantisation factor of q, k or v (params.h's q_descale and the others) for
+// (batch, KV head); 1 without factors.
+__device__ __forceinline__ float descale(const float* factors, int64_t batch_stride,
+                                         int64_t head_stride, int batch, int head_kv) {
+  return factors == nullptr ? 1.f : factors[batch * batch_stride + head_kv * head_stride];
+}
+
 // The softmax of one consumer's 64 rows of a tile: on each key block's scores the score modifier
 // and the mask, then the online softmax, then dropout on the probabilities (after the row sums
-// saw them all); at the end the division by the row sums and dropout's scale.
+// saw them all); at the end the division by the row sums and dropout's scale. An fp8 forward's
+// scores take q's and k's descales in the softmax's scale and the output v's at the end.
 template <class Traits, class Mask, class ScoreMod, class Dropout, bool kDense>
 struct FwdSoftmax {
   // A copy, not a reference to the consumer's: with a reference ptxas emits the mask with
@@ -387,12 +426,29 @@ struct FwdSoftmax {
   Dropout dropout;
   OnlineSoftmax online;
   float sink;  // the head's sink in exp2 units (-inf: none)
+  float v_descale;  // fp8: v's factor on the output
 
   __device__ __forceinline__ FwdSoftmax(FwdParams const& p, FwdWork<Traits, Mask> const& w,
                                         int row0)
       : w(w), row0(row0), score_mod(p, w.tile.batch, w.tile.head, w.seq.mask_offset),
-        dropout(p, w.tile.batch, w.tile.head), online(p.scale_log2),
-        sink(sink_log2(p, w.tile.head)) {}
+        dropout(p, w.tile.batch, w.tile.head), online(scale_log2(p, w)),
+        sink(sink_log2(p, w.tile.head)),
+        v_descale(Traits::kFp8 ? descale(p.v_descale, p.v_descale_batch_stride,
+                                         p.v_descale_head_stride, w.tile.batch, head_kv(p, w))
+                               : 1.f) {}
+
+  __device__ __forceinline__ static int head_kv(FwdParams const& p,
+                                                FwdWork<Traits, Mask> const& w) {
+    return w.tile.head / (p.heads / p.heads_kv);
+  }
+  __device__ __forceinline__ static float scale_log2(FwdParams const& p,
+                                                     FwdWork<Traits, Mask> const& w) {
+    if constexpr (!Traits::kFp8) return p.scale_log2;
+    const int h = head_kv(p, w), b = w.tile.batch;
+    return p.scale_log2 *
+           descale(p.q_descale, p.q_descale_batch_stride, p.q_descale_head_stride, b, h) *
+           descale(p.k_descale, p.k_descale_batch_stride, p.k_descale_head_stride, b, h);
+  }
 
   // tSrS: (MMA, MMA_M, MMA_N) scores of key block n_block -> probabilities; tScS: their (row,
   // key) in the tile. rescale[r]: what the output's row r accumulated so far is multiplied by.
@@ -430,6 +486,10 @@ struct FwdSoftmax {
       CUTE_UNROLL
       for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= dropout.scale;
     }
+    if constexpr (Traits::kFp8) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(tOrO); ++i) tOrO(i) *= v_descale;
+    }
   }
 };
 
@@ -463,7 +523,7 @@ __device__ __forceinline__ void fwd_mainloop(
   if (!Traits::kOverlap && n_block == w.n_first) release_q();
 
   if constexpr (Traits::kOverlap) {
-    convert_into(tSrP, tSrS);
+    probabilities_into(tSrP, tSrS);
     for (n_block = w.below(n_block); n_block >= w.n_first; n_block = w.below(n_block)) {
       turns.wait();
       pipeline_k.consumer_wait(k_state);
@@ -479,7 +539,7 @@ __device__ __forceinline__ void fwd_mainloop(
       pipeline_v.consumer_release(v_state);
       ++v_state;
       scale_rows(tOrO, rescale);
-      convert_into(tSrP, tSrS);
+      probabilities_into(tSrP, tSrS);
     }
     release_q();
     turns.wait();
@@ -491,7 +551,7 @@ __device__ __forceinline__ void fwd_mainloop(
     ++v_state;
   } else {
     for (;;) {
-      convert_into(tSrP, tSrS);
+      probabilities_into(tSrP, tSrS);
       pipeline_v.consumer_wait(v_state);
       warpgroup_gemm<false>(mma_o, tOrP, tOrV(_, _, _, v_state.index()), tOrO);
       warpgroup_wait<0>();
@@ -587,6 +647,7 @@ __device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tma
                                              typename Traits::PipelineKV& pipeline_v) {
   using namespace cute;
   using Element = typename Traits::Element;
+  using ElementOut = typename Traits::ElementOut;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBlockN = Traits::kBlockN;
@@ -608,18 +669,32 @@ __device__ __forceinline__ void fwd_consumer(FwdParams const& p, Tmas const& tma
   Tensor tOrV = thr_o.partition_fragment_B(sVt);                 // (MMA, MMA_N, MMA_K, PIPE)
   Tensor tSrS = partition_fragment_C(mma_s, Shape<_64, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N)
   Tensor tOrO = partition_fragment_C(mma_o, Shape<_64, HD>{});            // (MMA, MMA_M, MMA_N)
-  Tensor tSrP = make_tensor<Element>(tSrS.layout());                      // (MMA, MMA_M, MMA_N)
-  Tensor tOrP = make_tensor(tSrP.data(), acc_as_a_operand(tSrP.layout()));  // (MMA, MMA_M, MMA_K)
+  // P: 16-bit, in the scores' layout (MMA, MMA_M, MMA_N), seen as PV's A operand (MMA, MMA_M,
+  // MMA_K); 8-bit, in the A operand's own (pack_fp8_probabilities).
+  auto p_registers = [&] {
+    if constexpr (Traits::kFp8) {
+      return make_tensor<Element>(partition_shape_A(mma_o, Shape<_64, Int<kBlockN>>{}));
+    } else {
+      return make_tensor<Element>(tSrS.layout());
+    }
+  };
+  Tensor tSrP = p_registers();
+  auto p_operand = [&] {
+    if constexpr (Traits::kFp8) return tSrP.layout(); else return acc_as_a_operand(tSrP.layout());
+  };
+  Tensor tOrP = make_tensor(tSrP.data(), p_operand());  // (MMA, MMA_M, MMA_K)
   // (MMA, MMA_M, MMA_N) -> (row, key) in the tile
   Tensor tScS = thr_s.partition_C(make_identity_tensor(Shape<_64, Int<kBlockN>>{}));
   // The epilogue's: O in 16 bits, (MMA, MMA_M, MMA_N); its stmatrix copy; O's staging buffer
-  // (its own, or Q's), (64, HD, kConsumers); the TMA view of o, (rows, HD, heads, slots).
-  Tensor tOrO_out = make_tensor<Element>(tOrO.layout());
-  auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_o);
+  // (its own, or Q's, 16-bit then), (64, HD, kConsumers); the TMA view of o, (rows, HD, heads,
+  // slots).
+  Tensor tOrO_out = make_tensor<ElementOut>(tOrO.layout());
+  auto store = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, ElementOut>{}, mma_o);
   auto output_buffer = [&] {
     if constexpr (Traits::kOwnOutputBuffer) return smem.o.data(); else return smem.q.data();
   };
-  Tensor sO = make_tensor(make_smem_ptr(output_buffer()), QLayout{});  // (64, HD, kConsumers)
+  Tensor sO = make_tensor(make_smem_ptr(output_buffer()),
+                          typename Traits::SmemLayoutO{});  // (64, HD, kConsumers)
   Tensor mO = tmas.o.get_tma_tensor(
       make_shape(p.q_view_rows, HD{}, p.heads, p.q_view_batch));  // (rows, HD, heads, slots)
 

@@ -1,5 +1,6 @@
 // Host side of one Hopper forward specialisation: the TMA descriptors of q, k, v and o (built
-// per call from the params' pointers and strides), grid, shared memory, launch.
+// per call from the params' pointers and strides), grid, shared memory, launch. An fp8 forward's
+// v is V^T (params.h's q_descale).
 #pragma once
 
 #include <algorithm>
@@ -24,14 +25,24 @@ auto make_fwd_tmas(const FwdParams& p) {
                                          p.q_row_stride, p.q_head_stride, p.q_batch_stride);
   auto k = gmem_heads<Element, kHeadDim>(p.k, p.kv_view_rows, p.heads_kv, p.kv_view_batch,
                                          p.k_row_stride, p.k_head_stride, p.k_batch_stride);
-  auto v = gmem_heads<Element, kHeadDim>(p.v, p.kv_view_rows, p.heads_kv, p.kv_view_batch,
-                                         p.v_row_stride, p.v_head_stride, p.v_batch_stride);
-  auto o = gmem_heads<Element, kHeadDim>(p.o, p.q_view_rows, p.heads, p.q_view_batch,
-                                         p.o_row_stride, p.o_head_stride, p.o_batch_stride);
+  auto o = gmem_heads<typename Traits::ElementOut, kHeadDim>(
+      p.o, p.q_view_rows, p.heads, p.q_view_batch, p.o_row_stride, p.o_head_stride,
+      p.o_batch_stride);
+  auto tma_v = [&] {
+    if constexpr (Traits::kFp8) {
+      auto v = gmem_heads_keys_last<Element, kHeadDim>(p.v, p.kv_view_rows, p.heads_kv,
+                                                       p.kv_view_batch, p.v_row_stride,
+                                                       p.v_head_stride, p.v_batch_stride);
+      return make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutVt{});
+    } else {
+      auto v = gmem_heads<Element, kHeadDim>(p.v, p.kv_view_rows, p.heads_kv, p.kv_view_batch,
+                                             p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+      return make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
+    }
+  }();
   auto tma_q = make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SlabLayout{});
   auto tma_k = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::TileLayoutKV{});
-  auto tma_v = make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutKV{});
-  auto tma_o = make_tma_copy(SM90_TMA_STORE{}, o, typename Traits::SlabLayout{});
+  auto tma_o = make_tma_copy(SM90_TMA_STORE{}, o, typename Traits::SlabLayoutO{});
   return FwdTmas<decltype(tma_q), decltype(tma_k), decltype(tma_v), decltype(tma_o)>{
       tma_q, tma_k, tma_v, tma_o};
 }
@@ -103,7 +114,12 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (dense) {
     return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, true>(params, tmas, blocks, stream);
   }
-  return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks, stream);
+  if constexpr (Traits::kFp8) {
+    return cudaErrorNotSupported;  // V^T's blocks are a dense batch's (fwd_kernel.cuh)
+  } else {
+    return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks,
+                                                                      stream);
+  }
 }
 
 }  // namespace flashgen::hopper

@@ -10,6 +10,7 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "flashgen/hopper/fragments.cuh"
 #include "flashgen/hopper/warpgroup.cuh"
 
 namespace flashgen::hopper {
@@ -25,11 +26,14 @@ struct TileSlots {
 // kBlockM query rows per thread block, 64 per consumer warpgroup; kBlockN keys per K/V stage.
 // kPingpong: the consumer warpgroups take turns issuing their GEMMs (named barriers), so one's
 // softmax runs under another's GEMMs. kOverlap: inside a warpgroup, the next tile's QK^T is
-// issued before this tile's softmax.
+// issued before this tile's softmax. Element: q's, k's and v's; ElementOut: o's. An e4m3
+// Element (kFp8) reads V^T, its keys permuted as P's registers hold them (fp8_keys_of_slots).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, class Element_,
-          bool kPingpong_, bool kOverlap_>
+          bool kPingpong_, bool kOverlap_, class ElementOut_ = Element_>
 struct FwdTraits {
   using Element = Element_;
+  using ElementOut = ElementOut_;
+  static constexpr bool kFp8 = cute::sizeof_bits_v<Element> == 8;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
   static constexpr int kBlockN = kBlockN_;
@@ -45,6 +49,9 @@ struct FwdTraits {
   static_assert(kHeadDim % 16 == 0 && kHeadDim <= 256, "head_dim: a multiple of 16, at most 256");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "block_n: a multiple of 16, at most 256");
   static_assert(kStages >= 2, "kv_stages: at least 2");
+  static_assert(!kFp8 || (kHeadDim % 32 == 0 && kBlockN % 32 == 0),
+                "fp8: head_dim and block_n multiples of 32 (an 8-bit wgmma's k)");
+  static_assert(cute::sizeof_bits_v<ElementOut> == 16, "the output is fp16 or bf16");
 
   // setmaxnreg: the producer keeps what TMA issue needs, the consumers share the rest of the
   // 64K registers (multiples of 8, one block per SM).
@@ -54,28 +61,43 @@ struct FwdTraits {
                 kThreads * launch_registers(kThreads));
 
   using Atom = decltype(smem_atom<Element, kHeadDim>());
+  using AtomOut = decltype(smem_atom<ElementOut, kHeadDim>());
   using HD = cute::Int<kHeadDim>;
   using BN = cute::Int<kBlockN>;
-  // One consumer's 64 query rows: the Q box, and later the O box of the TMA store.
+  // One consumer's 64 query rows: the Q box, and the O box of the TMA store.
   using SlabLayout = decltype(cute::tile_to_shape(Atom{}, cute::Shape<cute::_64, HD>{}));
+  using SlabLayoutO = decltype(cute::tile_to_shape(AtomOut{}, cute::Shape<cute::_64, HD>{}));
   using SmemLayoutQ =
       decltype(cute::tile_to_shape(Atom{}, cute::Shape<cute::_64, HD, cute::Int<kConsumers>>{}));
-  // One K or V tile (the TMA box), and the ring of them.
+  using SmemLayoutO = decltype(cute::tile_to_shape(
+      AtomOut{}, cute::Shape<cute::_64, HD, cute::Int<kConsumers>>{}));
+  // One K tile (the TMA box), and the ring of them; V's, as V's rows, where 16-bit.
   using TileLayoutKV = decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD>{}));
   using SmemLayoutKV =
       decltype(cute::tile_to_shape(Atom{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
-  // V as PV's B operand: (head_dim, keys), head dim contiguous (MN-major), same bytes.
-  using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::Int<kStages>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  // V as PV's B operand, (head_dim, keys): 16-bit, V's own tiles seen head dim contiguous
+  // (MN-major); fp8 (whose wgmma takes K-major operands only), V^T's tiles as loaded, the keys
+  // contiguous.
+  using AtomVt = decltype(smem_atom<Element, kBlockN>());
+  using TileLayoutVt = decltype(cute::tile_to_shape(AtomVt{}, cute::Shape<HD, BN>{}));
+  using SmemLayoutVt = std::conditional_t<
+      kFp8, decltype(cute::tile_to_shape(AtomVt{}, cute::Shape<HD, BN, cute::Int<kStages>>{})),
+      decltype(cute::composition(
+          SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::Int<kStages>>{},
+                                                    cute::Step<cute::_2, cute::_1, cute::_3>{})))>;
 
   // Per consumer warpgroup: S = Q K^T (64 x kBlockN, both from shared memory) and O += P V
   // (64 x kHeadDim, P from registers).
-  using TiledMmaS = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BN, HD>>()));
-  using TiledMmaO = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HD, BN>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+  using OpS = decltype(cute::GMMA::ss_op_selector<Element, Element, float,
+                                                  cute::Shape<cute::_64, BN, HD>>());
+  using OpO = decltype(cute::GMMA::rs_op_selector<
+                       Element, Element, float, cute::Shape<cute::_64, HD, BN>,
+                       cute::GMMA::Major::K, kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN>());
+  using TiledMmaS = decltype(cute::make_tiled_mma(OpS{}));
+  using TiledMmaO = decltype(cute::make_tiled_mma(OpO{}));
+  static_assert(!kFp8 || fp8_p_from_own_scores<OpS, OpO>(),
+                "fp8: P's A-operand registers are not the thread's own scores at "
+                "fp8_keys_of_slots' keys");
 
   // One instruction spans the whole n of each GEMM (a narrower one rereads its A operand per
   // instruction); an n outside CuTe's base shapes needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
@@ -102,7 +124,7 @@ struct FwdTraits {
     TileSlots tile_slots;
   };
   struct SharedStorageQO : SharedStorageQ {
-    alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> o;
+    alignas(1024) cute::array_aligned<ElementOut, cute::cosize_v<SmemLayoutO>> o;
   };
   // O staged in a buffer of its own where shared memory allows: then Q's buffer frees at each
   // consumer's last QK^T, and the next tile's Q loads while this tile's last PV and output run.
@@ -110,6 +132,7 @@ struct FwdTraits {
   using SharedStorage = std::conditional_t<kOwnOutputBuffer, SharedStorageQO, SharedStorageQ>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 232448, "tile needs more than the 227 KB of shared memory");
+  static_assert(!kFp8 || kOwnOutputBuffer, "fp8: no room for O's 16-bit buffer beside Q");
 
   static constexpr uint32_t kSlabBytes = 64 * kHeadDim * sizeof(Element);
   static constexpr uint32_t kTileBytes = kBlockN * kHeadDim * sizeof(Element);

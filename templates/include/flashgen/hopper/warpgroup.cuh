@@ -9,14 +9,15 @@
 
 namespace flashgen::hopper {
 
-// The widest GMMA swizzle whose atom (8 rows x 8..64 elements) divides a row of `kCols`
-// 16-bit elements: 128-byte rows make bank-conflict-free loads for every wgmma operand.
+// The widest GMMA swizzle whose atom (8 rows x 16..128 bytes) divides a row of `kCols`
+// elements: 128-byte rows make bank-conflict-free loads for every wgmma operand.
 template <class Element, int kCols>
 constexpr auto smem_atom() {
   using namespace cute;
-  if constexpr (kCols % 64 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
-  else if constexpr (kCols % 32 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
-  else if constexpr (kCols % 16 == 0) return GMMA::Layout_K_SW32_Atom<Element>{};
+  constexpr int kRowBytes = kCols * int(sizeof_bits_v<Element>) / 8;
+  if constexpr (kRowBytes % 128 == 0) return GMMA::Layout_K_SW128_Atom<Element>{};
+  else if constexpr (kRowBytes % 64 == 0) return GMMA::Layout_K_SW64_Atom<Element>{};
+  else if constexpr (kRowBytes % 32 == 0) return GMMA::Layout_K_SW32_Atom<Element>{};
   else return GMMA::Layout_K_INTER_Atom<Element>{};
 }
 
