@@ -373,6 +373,22 @@ def test_deterministic_flashgen_is_an_implementation_on_request(monkeypatch):
     assert type(timing.backend("flashgen_deterministic")).__name__ == "nullcontext"
 
 
+def test_the_e4m3_forward_is_an_implementation_on_request_with_no_backward(monkeypatch):
+    """Timed only when named (--impl flashgen_e4m3): flash_attn_func on the inputs the cell cast
+    to float8_e4m3fn before timing; its backward is recorded as not run."""
+    import flashgen
+
+    assert grid.FP8 not in bench.IMPLEMENTATIONS and grid.FP8 in bench.KNOWN_IMPLEMENTATIONS
+    seen = {}
+    monkeypatch.setattr(flashgen, "flash_attn_func",
+                        lambda q, k, v, causal: seen.update(q=q, causal=causal))
+    timing.implementation(grid.FP8, causal=True)("q", None, None)
+    assert seen == {"q": "q", "causal": True}
+    for mode in ("bwd", "fwd_bwd"):
+        assert timing.measure(grid.FP8, mode, False, cpu_inputs(), flops=1e9) == {
+            "unsupported": "flashgen's e4m3 forward has no backward"}
+
+
 def test_batch_and_heads_replace_the_grid_convention():
     assert grid.grid_shape(4096, 128, batch=1) == (1, 16)
     assert grid.grid_shape(4096, 128, heads=8) == (4, 8)

@@ -18,7 +18,11 @@ IMPLEMENTATIONS = ("flashgen", "FLASH_ATTENTION", "CUDNN_ATTENTION", FA4, "EFFIC
 PINNED_TILES = {"flashgen_main_tile": 0, "flashgen_alt_tile": 1}
 # flashgen with the forward on one kernel family ($FLASHGEN_FAMILY), whatever dispatch prefers.
 FAMILY_IMPLEMENTATIONS = {"flashgen_mma": "mma", "flashgen_hopper": "hopper"}
-OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic", *PINNED_TILES, *FAMILY_IMPLEMENTATIONS)
+# flashgen's e4m3 forward (flashgen/fp8.py) on the cell's inputs cast to float8_e4m3fn (no
+# descales) before timing; its output is the cell's dtype. Forward only.
+FP8 = "flashgen_e4m3"
+OPTIONAL_IMPLEMENTATIONS = ("flashgen_deterministic", *PINNED_TILES, *FAMILY_IMPLEMENTATIONS,
+                            FP8)
 KNOWN_IMPLEMENTATIONS = IMPLEMENTATIONS + OPTIONAL_IMPLEMENTATIONS
 PEER = "FLASH_ATTENTION"  # FlashAttention-2: the ratio column
 MAIN_TILE = "flashgen_main_tile"  # when timed, a column of what the shape-aware choice gains

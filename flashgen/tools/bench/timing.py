@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from flashgen.tools.bench import report
-from flashgen.tools.bench.grid import (DEFAULT_MODES, FA4, FAMILY_IMPLEMENTATIONS,
+from flashgen.tools.bench.grid import (DEFAULT_MODES, FA4, FAMILY_IMPLEMENTATIONS, FP8,
                                        IMPLEMENTATIONS, PINNED_TILES, grid_shape, input_sets,
                                        mode_flops)
 
@@ -82,6 +82,8 @@ def implementation(name: str, causal: bool):
     if name.startswith("flashgen"):
         from flashgen import flash_attn_func
 
+        if name == FP8:  # on inputs cast to e4m3 before timing (measure_cells), out in bf16
+            return lambda q, k, v: flash_attn_func(q, k, v, causal=causal)
         deterministic = name == "flashgen_deterministic"
         return lambda q, k, v: flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     if name == FA4:
@@ -164,13 +166,17 @@ def measure_cells(dtype: str, head_dim: int, causal: bool, seqlen: int, impls,
               "seqlen": seqlen, "batch": batch, "heads": heads,
               "flops": mode_flops(mode, batch, heads, seqlen, seqlen, head_dim, causal),
               "results": {}} for mode in modes]
+    inputs_of = {name: inputs for name in impls}
+    if FP8 in impls:
+        inputs_of[FP8] = [[t.to(torch.float8_e4m3fn) for t in tensors] for tensors in inputs]
     samples = interleaved_samples(impls, modes, lambda name, mode, warmup, repeats:
-                                  timed_samples(name, mode, causal, inputs, warmup, repeats))
+                                  timed_samples(name, mode, causal, inputs_of[name], warmup,
+                                                repeats))
     for cell in cells:
         for name in impls:
             result = _result(samples[name, cell["mode"]], cell["flops"])
             if name.startswith("flashgen") and cell["mode"] != "bwd" and "tflops" in result:
-                result["tile"] = forward_tile(name, inputs[0][0], causal)
+                result["tile"] = forward_tile(name, inputs_of[name][0][0], causal)
             cell["results"][name] = result
     return cells
 
@@ -225,13 +231,20 @@ def rest(seconds: float) -> None:
 
 def forward_tile(name: str, q, causal: bool) -> str:
     """The tile of the forward kernel that the flashgen implementation `name` runs on q."""
-    from flashgen import forward
+    import torch
+
+    from codegen.arch import arch_for_capability
+    from flashgen import forward, fp8, registry
     from flashgen.validate import SUPPORTED_DTYPES
 
     batch, seqlen_q, heads, head_dim = q.shape
+    mask = "causal" if causal else "none"
+    if name == FP8:
+        arch = arch_for_capability(*torch.cuda.get_device_capability(q.device))
+        return registry.candidates(arch, fp8.KIND, "bf16", head_dim, mask)[0].spec.tile.suffix
     with backend(name):
-        spec = forward.kernel_for(q.device, SUPPORTED_DTYPES[q.dtype], head_dim,
-                                  "causal" if causal else "none", batch * heads, seqlen_q)
+        spec = forward.kernel_for(q.device, SUPPORTED_DTYPES[q.dtype], head_dim, mask,
+                                  batch * heads, seqlen_q)
     return spec.tile.suffix
 
 
@@ -245,6 +258,8 @@ def timed_samples(name: str, mode: str, causal: bool, inputs: list, warmup: int,
                   repeats: int) -> list[float] | dict:
     """time_samples_ms of one implementation in one mode, or why it did not run
     ({"unsupported"} or {"error"})."""
+    if name == FP8 and mode != "fwd":
+        return {"unsupported": "flashgen's e4m3 forward has no backward"}
     try:
         with backend(name):
             fn, sets, reset = timed_call(mode, implementation(name, causal), inputs)

@@ -1,0 +1,132 @@
+"""The e4m3 forward (flashgen/fp8.py, the hopper family's fwd_fp8 kernels) against an fp32
+reference on the dequantised inputs, outputs poisoned: every configured head dim, causal, window,
+GQA, odd lengths, descales per (batch, KV head) and broadcast, inputs with outlier channels, and
+the bf16 / fp16 outputs. The error budget is FlashAttention-2's rule with PyTorch's own route in
+the same precision: the same attention in fp32 but for P rounded to e4m3 before PV, as any FP8
+PV must (fp8_route); the bf16 kernel's error on the same values is asserted beside it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from flashgen import flash_attn_func
+from flashgen.reference import attention_ref, max_error
+
+pytestmark = [
+    pytest.mark.gpu, pytest.mark.usefixtures("poisoned_allocations"),
+    pytest.mark.skipif(not torch.cuda.is_available()
+                       or torch.cuda.get_device_capability() != (9, 0),
+                       reason="the e4m3 forward runs on sm_90"),
+]
+
+E4M3 = torch.float8_e4m3fn
+
+
+def per_head(descale, heads: int):
+    """(batch, heads_kv) factors -> broadcast over (batch, seq, heads, dim), each group of
+    heads // heads_kv query heads taking its KV head's."""
+    return descale.repeat_interleave(heads // descale.shape[1], dim=1)[:, None, :, None]
+
+
+def quantised(shape, heads_kv: int, outliers: bool = False):
+    """(e4m3 tensor, its fp32 descales (batch, heads_kv)): random values, every fourth channel
+    20x larger with outliers, scaled per (batch, KV head) to e4m3's range."""
+    x = torch.randn(shape, device="cuda")
+    if outliers:
+        x[..., ::4] *= 20
+    batch, seqlen, heads, dim = shape
+    amax = x.view(batch, seqlen, heads_kv, heads // heads_kv, dim).abs().amax(dim=(1, 3, 4))
+    descale = (amax / 448.0).clamp_min(1e-12)
+    return (x / per_head(descale, heads)).to(E4M3), descale
+
+
+def dequantised(x, descale):
+    return x.float() * per_head(descale, x.shape[2])
+
+
+def fp8_route(q, k, v, causal, window_size, scale):
+    """PyTorch's own route in the kernel's precision: fp32 scores, P = exp(s - max) rounded to
+    e4m3, PV in fp32, divided by the fp32 row sums."""
+    heads, heads_kv = q.shape[2], k.shape[2]
+    k = k.repeat_interleave(heads // heads_kv, dim=2)
+    v = v.repeat_interleave(heads // heads_kv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    row = torch.arange(seqlen_q, device=q.device).view(-1, 1) + seqlen_k - seqlen_q
+    col = torch.arange(seqlen_k, device=q.device).view(1, -1)
+    left, right = window_size
+    if causal:
+        right = 0
+    if right >= 0:
+        scores = scores.masked_fill(col > row + right, -math.inf)
+    if left >= 0:
+        scores = scores.masked_fill(col < row - left, -math.inf)
+    top = scores.amax(dim=-1, keepdim=True).clamp_min(-1e30)
+    p = torch.exp(scores - top)
+    sums = p.sum(dim=-1, keepdim=True)
+    p8 = p.to(E4M3).float()
+    return torch.einsum("bhqk,bkhd->bqhd", p8, v) / sums.permute(0, 2, 1, 3).clamp_min(1e-30)
+
+
+CASES = [
+    # batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, window_size
+    (2, 128, 128, 4, 4, 128, False, (-1, -1)),
+    (1, 1000, 1000, 8, 2, 128, True, (-1, -1)),
+    (2, 257, 300, 6, 3, 64, False, (-1, -1)),
+    (1, 513, 513, 4, 1, 64, True, (-1, -1)),
+    (1, 700, 700, 4, 4, 256, True, (-1, -1)),
+    (2, 300, 450, 4, 2, 256, False, (-1, -1)),
+    (1, 1024, 1024, 4, 2, 128, False, (128, 0)),
+    (2, 77, 203, 2, 2, 96, False, (-1, -1)),  # runs zero-padded on head dim 128
+]
+
+
+@pytest.mark.parametrize("outliers", [False, True], ids=["random", "outliers"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:6])) + (
+    "-causal" if c[6] else "") + ("-window" if c[7] != (-1, -1) else ""))
+def test_e4m3_forward_matches_the_reference_within_the_fp8_route(case, outliers):
+    batch, seqlen_q, seqlen_k, heads, heads_kv, head_dim, causal, window = case
+    q, q_descale = quantised((batch, seqlen_q, heads, head_dim), heads_kv, outliers)
+    k, k_descale = quantised((batch, seqlen_k, heads_kv, head_dim), heads_kv, outliers)
+    v, v_descale = quantised((batch, seqlen_k, heads_kv, head_dim), heads_kv, outliers)
+    out, lse, _ = flash_attn_func(q, k, v, causal=causal, window_size=window,
+                                  q_descale=q_descale, k_descale=k_descale,
+                                  v_descale=v_descale, return_attn_probs=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (batch, seqlen_q, heads, head_dim)
+    qf, kf, vf = (dequantised(x, d) for x, d in ((q, q_descale), (k, k_descale),
+                                                 (v, v_descale)))
+    reference, reference_lse = attention_ref(qf, kf, vf, causal=causal, window_size=window)
+    route = fp8_route(qf, kf, vf, causal, window, head_dim ** -0.5)
+    error = max_error(out, reference)
+    budget = 2 * max_error(route, reference) + 1e-3 * reference.abs().max().item()
+    # the bf16 kernel on the same values (e4m3 values are exact in bf16)
+    bf16_error = max_error(flash_attn_func(*(x.to(torch.bfloat16) for x in (qf, kf, vf)),
+                                           causal=causal, window_size=window), reference)
+    print(f"e4m3 error {error:.3e} (budget {budget:.3e}), bf16 kernel {bf16_error:.3e}")
+    assert error <= budget, f"e4m3 max error {error:.3e} > {budget:.3e} (bf16: {bf16_error:.3e})"
+    assert max_error(lse, reference_lse) <= 1e-3 * max(1.0, reference_lse.abs().max().item())
+
+
+def test_fp16_output_and_no_descales():
+    q, k, v = (torch.randn(2, 200, 4, 64, device="cuda").to(E4M3) for _ in range(3))
+    out = flash_attn_func(q, k, v, out_dtype=torch.float16)
+    assert out.dtype == torch.float16
+    reference, _ = attention_ref(q.float(), k.float(), v.float())
+    route = fp8_route(q.float(), k.float(), v.float(), False, (-1, -1), 64 ** -0.5)
+    assert max_error(out, reference) <= 2 * max_error(route, reference) + 1e-3
+
+
+def test_strided_inputs_and_broadcast_descales():
+    qkv = torch.randn(1, 300, 12, 128, device="cuda").to(E4M3)  # packed: strided views
+    q, k, v = qkv.split([4, 4, 4], dim=2)
+    descale = torch.full((1, 1), 0.5, device="cuda")
+    out = flash_attn_func(q, k, v, causal=True, q_descale=descale, k_descale=descale,
+                          v_descale=descale)
+    reference, _ = attention_ref(q.float() * 0.5, k.float() * 0.5, v.float() * 0.5,
+                                 causal=True)
+    route = fp8_route(q.float() * 0.5, k.float() * 0.5, v.float() * 0.5, True, (-1, -1),
+                      128 ** -0.5)
+    assert max_error(out, reference) <= 2 * max_error(route, reference) + 1e-3
