@@ -75,12 +75,13 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
             if ran is not None:
                 return (*ran, None) if return_attn_probs else ran[0]
     if fp8.wanted(q, k, v, (q_descale, k_descale, v_descale), out_dtype):
-        return fp8.flash_attn_func(
-            q, k, v, softmax_scale, causal, window_size, q_descale, k_descale, v_descale,
-            out_dtype, return_attn_probs, dropout_p=(dropout_p, 0.0), softcap=(softcap, 0.0),
+        out, lse = fp8.attention(
+            q, k, v, softmax_scale, causal, window_size, (q_descale, k_descale, v_descale),
+            out_dtype, dropout_p=(dropout_p, 0.0), softcap=(softcap, 0.0),
             alibi_slopes=(alibi_slopes, None), s_aux=(s_aux, None),
             learnable_sink=(learnable_sink, None), variant=(variant, None),
             variant_tensors=(variant_tensors, None), block_mask=(block_mask, None))
+        return (out, lse, None) if return_attn_probs else out
     inputs = q, k, v
     q, k, v, scale, mask, band, mods = dense_arguments(
         q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, variant,
@@ -197,7 +198,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                            deterministic=False, return_attn_probs=False, block_table=None, *,
                            seqused_k=None, out=None, return_softmax_lse=False, num_splits=0,
                            s_aux=None, learnable_sink=None, variant=None, variant_tensors=None,
-                           block_mask=None):
+                           block_mask=None, q_descale=None, k_descale=None, v_descale=None,
+                           out_dtype=None):
     """Exact attention over a batch of sequences of different lengths, FlashAttention-2's
     interface (and the serving engines': seqused_k, out, return_softmax_lse, s_aux).
 
@@ -222,19 +224,22 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
     shape and q's dtype), with return_softmax_lse (out, softmax_lse), or with return_attn_probs
     (out, softmax_lse, None); softmax_lse (nheads, total_q) fp32. Differentiable in q, k and v
     (and s_aux). Under torch.compile nothing on the device is read on the host.
+
+    q, k, v in torch.float8_e4m3fn run the 8-bit forward as flash_attn_func's (q_descale,
+    k_descale, v_descale, out_dtype; no block_table, seqused_k, out or num_splits yet).
     """
     key = None
-    if (block_table is None and out is None and variant is None and variant_tensors is None
-            and block_mask is None and ops.nothing_sees_ops()):
+    plain = (block_table is None and out is None and variant is None and variant_tensors is None
+             and block_mask is None and q_descale is None and k_descale is None
+             and v_descale is None and out_dtype is None)
+    if plain and ops.nothing_sees_ops():
         ran = replay.forward(1 if return_attn_probs else 2 if return_softmax_lse else 0, q, k,
                              v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              dropout_p, softmax_scale, causal, window_size, softcap,
                              alibi_slopes, deterministic, seqused_k, s_aux, learnable_sink)
         if ran is not None:
             return ran
-    if (block_table is None and out is None and variant is None and variant_tensors is None
-            and block_mask is None and not validate.debug_checks()
-            and not torch.compiler.is_compiling()):
+    if plain and not validate.debug_checks() and not torch.compiler.is_compiling():
         given = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                  seqused_k, s_aux, learnable_sink)
@@ -250,6 +255,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k=None, max_seqlen_
                 return _varlen_results(*ran, return_attn_probs, return_softmax_lse)
     if max_seqlen_q is None:
         raise ValueError("flashgen: pass max_seqlen_q, the longest query sequence")
+    if fp8.wanted(q, k, v, (q_descale, k_descale, v_descale), out_dtype):
+        result, lse = fp8.varlen_attention(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+            causal, window_size, (q_descale, k_descale, v_descale), out_dtype,
+            dropout_p=(dropout_p, 0.0), softcap=(softcap, 0.0),
+            alibi_slopes=(alibi_slopes, None), block_table=(block_table, None),
+            seqused_k=(seqused_k, None), out=(out, None), num_splits=(num_splits, 0),
+            s_aux=(s_aux, None), learnable_sink=(learnable_sink, None),
+            variant=(variant, None), variant_tensors=(variant_tensors, None),
+            block_mask=(block_mask, None))
+        return _varlen_results(result, lse, return_attn_probs, return_softmax_lse)
     window_size = (-1, -1) if window_size is None else tuple(window_size)
     sinks = validate.sink_argument(s_aux, learnable_sink)
     if block_table is not None:
@@ -319,14 +335,7 @@ def varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     q4, k4, v4 = (t.unsqueeze(0) if isinstance(t, torch.Tensor) else t for t in (q, k, v))
     validate.check_qkv(("q", "k", "v"), q4, k4, v4)
     validate.check_shapes(("q", "k", "v"), q4, k4, v4, "(total, nheads, headdim)")
-    _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
-            raise ValueError(f"flashgen: {name} must be an int >= 0 (the longest sequence), got "
-                             f"{value!r}")
-    if validate.debug_checks():
-        _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
-                                 max_seqlen_q, max_seqlen_k)
+    validate.check_sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     scale = validate.check_scale(softmax_scale, q.shape[-1])
     # Each sequence's band is aligned bottom-right in the kernels; the longest lengths decide
     # which bounds hide nothing for any sequence.
@@ -352,37 +361,6 @@ def varlen_arguments(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if dropout_p != 0.0:
         mods = validate.with_dropout(mods, dropout_p, q.device, dropout_seed)
     return q4, k4, v4, scale, mask, band, varlen, mods
-
-
-def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
-    """What the host can check without reading the device."""
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        validate.check_int32(name, t, q)
-        if t.dim() != 1 or t.shape[0] < 1:
-            raise ValueError(f"flashgen: {name} must be 1-D with batch + 1 entries, got shape "
-                             f"{tuple(t.shape)}")
-        if t.stride(0) != 1 and t.shape[0] > 1:
-            raise ValueError(f"flashgen: {name} must be contiguous")
-    if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"flashgen: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
-                         f"{tuple(cu_seqlens_k.shape)} must have the same length (batch + 1)")
-
-
-def _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
-                             max_seqlen_k) -> None:
-    """FLASHGEN_DEBUG_CHECKS=1: the device values, read back (a sync; not under compile)."""
-    for name, t, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
-                                    ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
-        values = t.tolist()
-        if values[0] != 0 or values[-1] != total:
-            raise ValueError(f"flashgen: {name} must start at 0 and end at the total rows "
-                             f"({total}), got {values[0]} .. {values[-1]}")
-        lengths = [b - a for a, b in zip(values, values[1:])]
-        if any(n < 0 for n in lengths):
-            raise ValueError(f"flashgen: {name} must not decrease, got {values}")
-        if lengths and max(lengths) > longest:
-            raise ValueError(f"flashgen: {name} has a sequence of {max(lengths)} rows, more than "
-                             f"max_seqlen_{name[-1]}={longest}")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0,

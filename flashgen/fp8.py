@@ -28,9 +28,10 @@ KEY_GROUP = 16
 DESCALES = ("q_descale", "k_descale", "v_descale")
 
 
-def key_of_slot(slot: int) -> int:
+def key_of_slot(slot):
     """The key whose V row V^T's column `slot` holds: fragments.cuh's fp8_key_of_slot (thread q
-    of a quad holds keys 2q, 2q + 1, 2q + 8, 2q + 9 of each 16, in PV's k slots 4q .. 4q + 3)."""
+    of a quad holds keys 2q, 2q + 1, 2q + 8, 2q + 9 of each 16, in PV's k slots 4q .. 4q + 3).
+    An int, or elementwise over an integer tensor."""
     quad_thread, a, b = slot % 16 // 4, slot % 4 // 2, slot % 2
     return slot // 16 * 16 + 2 * quad_thread + b + 8 * a
 
@@ -38,16 +39,41 @@ def key_of_slot(slot: int) -> int:
 def transposed_v(v: torch.Tensor) -> torch.Tensor:
     """v (batch, seqlen_k, heads_kv, head_dim) -> V^T (batch, heads_kv, head_dim, keys),
     contiguous, keys seqlen_k padded with zeros to a multiple of KEY_GROUP, column `slot`
-    holding key key_of_slot(slot)."""
+    holding key key_of_slot(slot). Moved as bytes: every torch op takes uint8."""
     batch, seqlen_k, heads_kv, head_dim = v.shape
     keys = -(-seqlen_k // KEY_GROUP) * KEY_GROUP
+    v = v.view(torch.uint8)
     if keys != seqlen_k:
         padded = v.new_zeros(batch, keys, heads_kv, head_dim)
         padded[:, :seqlen_k] = v
         v = padded
     # key 16 g + 8 a + 2 q + b -> slot 16 g + 4 q + 2 a + b
     groups = v.reshape(batch, keys // KEY_GROUP, 2, 4, 2, heads_kv, head_dim)
-    return groups.permute(0, 5, 6, 1, 3, 2, 4).reshape(batch, heads_kv, head_dim, keys)
+    vt = groups.permute(0, 5, 6, 1, 3, 2, 4).contiguous().view(batch, heads_kv, head_dim, keys)
+    return vt.view(E4M3)
+
+
+def transposed_v_packed(v: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor:
+    """A packed batch's v (total_k, heads_kv, head_dim) -> V^T (1, heads_kv, head_dim, columns):
+    sequence b's keys from column 16 * ceil(cu_seqlens_k[b] / 16) + 16 * b, each group of 16 of
+    them permuted as transposed_v's, zeros elsewhere (fwd_kernel.cuh's vt_first_column);
+    columns = total_k rounded up to 16, plus 16 per sequence. Read on the device only (no host
+    sync: CUDA graphs capture it)."""
+    total, heads_kv, head_dim = v.shape
+    batch = cu_seqlens_k.numel() - 1
+    columns = -(-total // KEY_GROUP) * KEY_GROUP + KEY_GROUP * batch
+    starts = cu_seqlens_k[:-1].long()
+    lengths = cu_seqlens_k[1:].long() - starts
+    sequence = torch.arange(batch, device=v.device)
+    firsts = (starts + KEY_GROUP - 1) // KEY_GROUP * KEY_GROUP + KEY_GROUP * sequence
+    column = torch.arange(columns, device=v.device)
+    owner = (torch.searchsorted(firsts, column, right=True) - 1).clamp_min(0)
+    key = key_of_slot(column - firsts[owner])
+    holds = (key >= 0) & (key < lengths[owner])
+    source = (starts[owner] + key).clamp(0, max(total - 1, 0))
+    rows = v.view(torch.uint8).reshape(total, heads_kv * head_dim)
+    gathered = rows.index_select(0, source) * holds.unsqueeze(1).to(torch.uint8)
+    return gathered.t().contiguous().view(1, heads_kv, head_dim, columns).view(E4M3)
 
 
 def wanted(q, k, v, descales: tuple, out_dtype) -> bool:
@@ -57,37 +83,74 @@ def wanted(q, k, v, descales: tuple, out_dtype) -> bool:
             or any(d is not None for d in descales) or out_dtype is not None)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
-                    q_descale=None, k_descale=None, v_descale=None, out_dtype=None,
-                    return_attn_probs=False, **others):
-    """flash_attn_func's e4m3 call: out (batch, seqlen_q, heads, head_dim) in out_dtype (bf16 by
-    default), or with return_attn_probs (out, softmax_lse, None). others: the arguments this
+def attention(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1),
+              descales=(None, None, None), out_dtype=None, **others):
+    """flash_attn_func's e4m3 call on q (batch, seqlen_q, heads, head_dim), k, v (batch,
+    seqlen_k, heads_kv, head_dim): out in out_dtype (bf16 by default) and lse (batch, heads,
+    seqlen_q) fp32. descales: q_descale, k_descale, v_descale. others: the arguments this
     forward does not take, name -> (value, the value it takes)."""
     _check(q, k, v, others)
-    batch, seqlen_q, heads, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
-    out_name = _output_dtype(out_dtype)
-    scale = validate.check_scale(softmax_scale, head_dim)
+    batch, seqlen_q = q.shape[:2]
+    mask, band = _mask(causal, window_size, seqlen_q, k.shape[1])
+    return _attention(q, k, v, softmax_scale, mask, band, descales, out_dtype, batch)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                     descales=(None, None, None), out_dtype=None, **others):
+    """flash_attn_varlen_func's e4m3 call on packed q (total_q, heads, head_dim), k, v (total_k,
+    heads_kv, head_dim): out (total_q, heads, head_dim) and lse (heads, total_q), as
+    attention's."""
+    validate.check_tensors(("q", "k", "v"), q, k, v)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 3:
+            raise ValueError(f"flashgen: {name} must be (total, nheads, headdim), the sequences "
+                             f"packed, got shape {tuple(t.shape)}")
+    q4, k4, v4 = (t.unsqueeze(0) for t in (q, k, v))
+    _check(q4, k4, v4, others)
+    validate.check_sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    batch = cu_seqlens_q.shape[0] - 1
+    mask, band = _mask(causal, window_size, max_seqlen_q, max_seqlen_k)
+    sequences = (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), batch, max_seqlen_q,
+                 max_seqlen_k, 0)
+    out, lse = _attention(q4, k4, v4, softmax_scale, mask, band, descales, out_dtype, batch,
+                          (sequences, cu_seqlens_k))
+    return out[0], lse
+
+
+def _mask(causal: bool, window_size, seqlen_q: int, seqlen_k: int):
+    """The mask kind and band, each sequence's aligned bottom-right (of a packed batch: the
+    longest lengths decide which bounds hide nothing)."""
     window_size = (-1, -1) if window_size is None else tuple(window_size)
     if window_size == (-1, -1):
-        mask, band = ("causal" if causal else "none"), Band(seqlen_k - seqlen_q)
-    else:
-        mask, band = validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
+        return ("causal" if causal else "none"), Band(seqlen_k - seqlen_q)
+    return validate.band(causal, window_size, seqlen_q, seqlen_k, seqlen_k - seqlen_q)
+
+
+def _attention(q, k, v, softmax_scale, mask: str, band: Band, descales: tuple, out_dtype,
+               batch: int, packed: tuple | None = None):
+    """(out, lse) on checked (batch, seq, heads, dim) views; packed: a variable-length batch's
+    (forward.run's sequences, cu_seqlens_k), its views (1, total, heads, dim)."""
+    out_name = _output_dtype(out_dtype)
+    _, rows, heads, head_dim = q.shape
+    heads_kv = k.shape[2]
+    scale = validate.check_scale(softmax_scale, head_dim)
     fields = {}
-    for name, factors in zip(DESCALES, (q_descale, k_descale, v_descale)):
+    for name, factors in zip(DESCALES, descales):
         fields.update(_descale_fields(name, factors, batch, heads_kv, q.device))
-    out_dtype = out_dtype or torch.bfloat16
-    out = torch.empty(batch, seqlen_q, heads, head_dim, dtype=out_dtype, device=q.device)
-    lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
-    if out.numel() and seqlen_k == 0:  # no key: every row's output 0 and lse -inf
+    out = torch.empty(q.shape, dtype=out_dtype or torch.bfloat16, device=q.device)
+    lse_shape = (batch, heads, rows) if packed is None else (heads, rows)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    if out.numel() and k.shape[1] == 0:  # no key: every row's output 0 and lse -inf
         out.zero_()
         lse.fill_(float("-inf"))
     elif out.numel():
-        out, lse = _run(q, k, v, out, lse, scale, mask, band, fields, out_name)
-    return (out, lse, None) if return_attn_probs else out
+        _run(q, k, v, out, lse, scale, mask, band, fields, out_name, packed)
+    return out, lse
 
 
-def _run(q, k, v, out, lse, scale: float, mask: str, band: Band, fields: dict, out_name: str):
+def _run(q, k, v, out, lse, scale: float, mask: str, band: Band, fields: dict, out_name: str,
+         packed: tuple | None):
     head_dim = q.shape[-1]
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.get_device()))
     choice = registry.candidates(arch, KIND, out_name, head_dim, mask)[0]
@@ -98,14 +161,17 @@ def _run(q, k, v, out, lse, scale: float, mask: str, band: Band, fields: dict, o
     else:
         work = out
     q, k = _tma_ready(q), _tma_ready(k)
-    vt = transposed_v(v)
+    if packed is None:
+        vt, sequences = transposed_v(v), None
+    else:
+        (sequences, cu_seqlens_k) = packed
+        vt = transposed_v_packed(v[0], cu_seqlens_k)
     # V^T as a (batch, head dim, heads, keys) view: the params' batch, row and head strides are
     # its batch's, head dim's and head's (params.h's q_descale).
     forward.run(loader.launcher(choice.spec), q, k, vt.permute(0, 2, 1, 3), work, lse, scale,
-                band, fields)
+                band, fields, sequences)
     if work is not out:
         out.copy_(work[..., :head_dim])
-    return out, lse
 
 
 def _check(q, k, v, others: dict) -> None:

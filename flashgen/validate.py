@@ -38,9 +38,9 @@ def check_qkv(names: tuple[str, str, str], q, k, v) -> str:
         raise TypeError(f"flashgen: {names[0]}, {names[1]}, {names[2]} must have one dtype, got "
                         f"{q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise TypeError(f"flashgen: {q.dtype} inputs run in flash_attn_func alone (its "
-                        f"float8_e4m3fn forward, flashgen/fp8.py); here use torch.float16 or "
-                        f"torch.bfloat16")
+        raise TypeError(f"flashgen: {q.dtype} inputs run in flash_attn_func and "
+                        f"flash_attn_varlen_func alone (their float8_e4m3fn forward, "
+                        f"flashgen/fp8.py); here use torch.float16 or torch.bfloat16")
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"flashgen: dtype {q.dtype} is not supported; use torch.float16 or "
                         f"torch.bfloat16 (casting, e.g. q.to(torch.bfloat16), is the caller's "
@@ -305,3 +305,48 @@ def check_out(out, like, name: str = "out") -> None:
     if out.dtype != like.dtype or out.device != like.device:
         raise TypeError(f"flashgen: {name} must be {like.dtype} on {like.device}, got "
                         f"{out.dtype} on {out.device}")
+
+
+def check_sequences(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    """A variable-length batch's packed q (total_q, ...) and k (total_k, ...) with their
+    cu_seqlens and longest lengths: what the host can check, and with FLASHGEN_DEBUG_CHECKS=1
+    the device values."""
+    _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
+            raise ValueError(f"flashgen: {name} must be an int >= 0 (the longest sequence), got "
+                             f"{value!r}")
+    if debug_checks():
+        _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0],
+                                 max_seqlen_q, max_seqlen_k)
+
+
+def _check_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k) -> None:
+    """What the host can check without reading the device."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        check_int32(name, t, q)
+        if t.dim() != 1 or t.shape[0] < 1:
+            raise ValueError(f"flashgen: {name} must be 1-D with batch + 1 entries, got shape "
+                             f"{tuple(t.shape)}")
+        if t.stride(0) != 1 and t.shape[0] > 1:
+            raise ValueError(f"flashgen: {name} must be contiguous")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"flashgen: cu_seqlens_q {tuple(cu_seqlens_q.shape)} and cu_seqlens_k "
+                         f"{tuple(cu_seqlens_k.shape)} must have the same length (batch + 1)")
+
+
+def _check_cu_seqlens_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q,
+                             max_seqlen_k) -> None:
+    """FLASHGEN_DEBUG_CHECKS=1: the device values, read back (a sync; not under compile)."""
+    for name, t, total, longest in (("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q),
+                                    ("cu_seqlens_k", cu_seqlens_k, total_k, max_seqlen_k)):
+        values = t.tolist()
+        if values[0] != 0 or values[-1] != total:
+            raise ValueError(f"flashgen: {name} must start at 0 and end at the total rows "
+                             f"({total}), got {values[0]} .. {values[-1]}")
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if any(n < 0 for n in lengths):
+            raise ValueError(f"flashgen: {name} must not decrease, got {values}")
+        if lengths and max(lengths) > longest:
+            raise ValueError(f"flashgen: {name} has a sequence of {max(lengths)} rows, more than "
+                             f"max_seqlen_{name[-1]}={longest}")

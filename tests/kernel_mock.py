@@ -56,7 +56,7 @@ def install(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(torch.Tensor, "device", property(lambda t: cuda0))
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
     monkeypatch.setattr(torch.Tensor, "get_device", lambda t: 0)
-    for owner, name in (*ALLOCATORS, (torch, "zeros")):
+    for owner, name in (*ALLOCATORS, (torch, "zeros"), (torch, "arange")):
         monkeypatch.setattr(owner, name, _on_the_cpu(getattr(owner, name)))
 
     record = SimpleNamespace(launches=[], fwd_plans=[], bwd_choices=[], decode_plans=[])

@@ -3,6 +3,7 @@ checked against CuTe's register layouts, the arguments it refuses and the params
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 
 import pytest
@@ -191,10 +192,64 @@ def test_a_gpu_without_fp8_tensor_cores_is_refused(record, monkeypatch):
         flash_attn_func(*qkv())
 
 
-def test_varlen_calls_in_e4m3_say_where_8_bit_inputs_run(record):
+def test_a_packed_e4m3_batch_launches_on_its_sequences_and_v_transposed_per_sequence(record):
+    from flashgen import flash_attn_varlen_func
+
+    lengths_q, lengths_k = [5, 30, 1], [7, 40, 20]
+    q = e4m3(sum(lengths_q), 4, 64)
+    k, v = e4m3(sum(lengths_k), 2, 64), e4m3(sum(lengths_k), 2, 64)
+    cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
+    out, lse = flash_attn_varlen_func(q, k, v, cu_q, cu_k, 30, 40, causal=True,
+                                      v_descale=torch.rand(3, 2), return_softmax_lse=True)
+    assert out.shape == (36, 4, 64) and out.dtype == torch.bfloat16 and lse.shape == (4, 36)
+    fields = launched(record)
+    columns = 80 + 16 * 3  # 67 keys rounded up to 16, and 16 per sequence
+    assert (fields["v_row_stride"], fields["v_head_stride"]) == (columns, 64 * columns)
+    assert (fields["cu_seqlens_q"], fields["cu_seqlens_k"]) == (cu_q.data_ptr(), cu_k.data_ptr())
+    assert (fields["batch"], fields["seqlen_q"], fields["seqlen_k"]) == (3, 30, 40)
+    assert fields["v_descale_batch_stride"] == 2 and fields["q_descale"] == 0
+
+
+def test_v_transposed_per_sequence_holds_each_sequences_keys_from_its_own_column():
+    lengths = [5, 20, 16, 0, 33]
+    v = e4m3(sum(lengths), 2, 32)
+    cu = cumulative(lengths)
+    vt = fp8.transposed_v_packed(v, cu)
+    assert vt.shape == (1, 2, 32, 80 + 16 * 5) and vt.is_contiguous()
+    kept = torch.zeros(vt.shape[-1], dtype=torch.bool)
+    for b, length in enumerate(lengths):
+        first = (int(cu[b]) + 15) // 16 * 16 + 16 * b
+        for slot in range(-(-length // 16) * 16):
+            key = fp8.key_of_slot(slot)
+            if key < length:
+                kept[first + slot] = True
+                assert torch.equal(vt[0, :, :, first + slot].view(torch.uint8),
+                                   v[int(cu[b]) + key].view(torch.uint8))
+    assert not vt[0, :, :, ~kept].view(torch.uint8).any()  # zeros elsewhere
+
+
+def test_packed_e4m3_arguments_it_does_not_take_are_refused(record):
     from flashgen import flash_attn_varlen_func
 
     q, k, v = (t[0] for t in qkv())
-    cu = torch.tensor([0, 40], dtype=torch.int32)
-    with pytest.raises(TypeError, match="run in flash_attn_func alone"):
-        flash_attn_varlen_func(q, k[:40], v[:40], cu, cu, 40, 40)
+    cu = cumulative(40)
+    with pytest.raises(NotImplementedError, match="does not take seqused_k"):
+        flash_attn_varlen_func(q, k[:40], v[:40], cu, cu, 40, 40,
+                               seqused_k=torch.tensor([30], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seqlens_q .* must have the same length"):
+        flash_attn_varlen_func(q, k[:40], v[:40], cu, cumulative(20, 20), 40, 40)
+
+
+def test_a_kv_cache_in_e4m3_says_where_8_bit_inputs_run(record):
+    from flashgen import flash_attn_with_kvcache
+
+    q = e4m3(1, 1, 4, 64)
+    cache = e4m3(1, 64, 2, 64)
+    with pytest.raises(TypeError, match="run in flash_attn_func and flash_attn_varlen_func"):
+        flash_attn_with_kvcache(q, cache, cache)
+
+
+def cumulative(*lengths):
+    if len(lengths) == 1 and isinstance(lengths[0], list):
+        lengths = lengths[0]
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)

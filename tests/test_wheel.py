@@ -96,8 +96,8 @@ def test_installed_package_runs_outside_the_checkout(installed):
     assert f"into {generated} " in out
     assert (generated / "manifest.json").is_file()
     assert sorted(p.relative_to(generated).as_posix() for p in generated.glob("*/*.cu")) == [
-        "hopper/bwd_sample.cu", "hopper/fwd_sample.cu", "mma/bwd_sample.cu",
-        "mma/fwd_sample.cu", "mma/kvcache_sample.cu"]
+        "hopper/bwd_sample.cu", "hopper/fwd_fp8_sample.cu", "hopper/fwd_sample.cu",
+        "mma/bwd_sample.cu", "mma/fwd_sample.cu", "mma/kvcache_sample.cu"]
     assert (generated / "manifest.json").read_text().count('"name": ') == kernels
     assert _installed_files(purelib) == before  # nothing rendered into site-packages
     assert not any(work.iterdir())

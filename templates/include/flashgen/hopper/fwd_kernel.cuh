@@ -280,15 +280,28 @@ __device__ __forceinline__ void load_key_block(
   ++state;
 }
 
-// An fp8 forward's V^T (the tma's tensor m, (head dim, keys, heads, slots), keys contiguous) of KV
-// head `head_kv` in `slot`, partitioned for the tma into the ring s, (head dim, block_n, stages):
-// as tma_key_blocks' (a dense batch's: key blocks from key 0).
+// An fp8 forward's V^T columns (params.h's q_descale, flashgen/fp8.py's transposed_v): a dense
+// batch's, each sequence's keys from column 0 of its slot; a packed batch's, each sequence's from
+// a column of its own, 16 * ceil(k_start / 16) + 16 * its index, so that the last group of 16
+// columns its keys are permuted within (fp8_key_of_slot) never holds the next sequence's.
+__host__ __device__ __forceinline__ int vt_columns(FwdParams const& p) {
+  return p.cu_seqlens_q == nullptr ? p.kv_view_rows
+                                   : (p.kv_view_rows + 15) / 16 * 16 + 16 * p.batch;
+}
+__device__ __forceinline__ int vt_first_column(FwdParams const& p, int64_t k_start, int batch) {
+  return p.cu_seqlens_q == nullptr ? 0 : int((k_start + 15) / 16 * 16) + 16 * batch;
+}
+
+// An fp8 forward's V^T (the tma's tensor m, (head dim, columns, heads, slots), columns contiguous)
+// of KV head `head_kv` from column col0 of `slot`, partitioned for the tma into the ring s, (head
+// dim, block_n, stages): as tma_key_blocks'.
 template <class Traits, class Tma, class GTensor, class STensor>
 __device__ __forceinline__ auto tma_key_blocks_vt(Tma const& tma, GTensor const& m,
-                                                  STensor const& s, int head_kv, int slot) {
+                                                  STensor const& s, int head_kv, int col0,
+                                                  int slot) {
   using namespace cute;
   // (head dim, block_n, blocks)
-  Tensor g = local_tile(m(_, _, head_kv, slot),
+  Tensor g = local_tile(domain_offset(make_coord(_0{}, col0), m(_, _, head_kv, slot)),
                         Shape<typename Traits::HD, Int<Traits::kBlockN>>{}, make_coord(_0{}, _));
   return tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(s), group_modes<0, 2>(g));
 }
@@ -323,7 +336,7 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
       make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch));  // (rows, HD, heads_kv, ..)
   auto v_shape = [&] {
     if constexpr (Traits::kFp8) {
-      return make_shape(HD{}, p.kv_view_rows, p.heads_kv, p.kv_view_batch);
+      return make_shape(HD{}, vt_columns(p), p.heads_kv, p.kv_view_batch);
     } else {
       return make_shape(p.kv_view_rows, HD{}, p.heads_kv, p.kv_view_batch);
     }
@@ -347,8 +360,9 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
                                                w.rows.k_slot);  // (TMA, blocks), (TMA, PIPE)
     auto v_blocks = [&] {
       if constexpr (Traits::kFp8) {
-        static_assert(kDense, "fp8: dense batches only (fwd_launch.cuh)");
-        return tma_key_blocks_vt<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_slot);
+        return tma_key_blocks_vt<Traits>(tmas.v, mV, sV, head_kv,
+                                         vt_first_column(p, w.seq.k_start, w.tile.batch),
+                                         w.rows.k_slot);
       } else {
         return tma_key_blocks<Traits>(tmas.v, mV, sV, head_kv, w.rows.k_row0, w.rows.k_slot);
       }
@@ -373,8 +387,9 @@ __device__ __forceinline__ void fwd_producer(FwdParams const& p, Tmas const& tma
         load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.k, mK, sK, tKgK, tKsK,
                                        pipeline_k, k_state, next);
       }
-      load_key_block<Traits, kDense>(p, w.rows, head_kv, tmas.v, mV, sV, tVgV, tVsV, pipeline_v,
-                                     v_state, n_block);
+      // V^T's blocks lie in order: an fp8 forward reads no cache (fwd_launch.cuh).
+      load_key_block<Traits, kDense || Traits::kFp8>(p, w.rows, head_kv, tmas.v, mV, sV, tVgV,
+                                                      tVsV, pipeline_v, v_state, n_block);
       n_block = next;
     }
   }

@@ -30,7 +30,7 @@ auto make_fwd_tmas(const FwdParams& p) {
       p.o_batch_stride);
   auto tma_v = [&] {
     if constexpr (Traits::kFp8) {
-      auto v = gmem_heads_keys_last<Element, kHeadDim>(p.v, p.kv_view_rows, p.heads_kv,
+      auto v = gmem_heads_keys_last<Element, kHeadDim>(p.v, vt_columns(p), p.heads_kv,
                                                        p.kv_view_batch, p.v_row_stride,
                                                        p.v_head_stride, p.v_batch_stride);
       return make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::TileLayoutVt{});
@@ -114,12 +114,11 @@ cudaError_t launch_fwd(const FwdParams& p, cudaStream_t stream) {
   if (dense) {
     return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, true>(params, tmas, blocks, stream);
   }
-  if constexpr (Traits::kFp8) {
-    return cudaErrorNotSupported;  // V^T's blocks are a dense batch's (fwd_kernel.cuh)
-  } else {
-    return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks,
-                                                                      stream);
+  if (Traits::kFp8 && (p.cache_seqlens != nullptr || p.cache_batch_idx != nullptr ||
+                        p.block_table != nullptr)) {
+    return cudaErrorNotSupported;  // V^T's key blocks lie in order, a cache's need not
   }
+  return launch_fwd_kernel<Traits, Mask, ScoreMod, Dropout, false>(params, tmas, blocks, stream);
 }
 
 }  // namespace flashgen::hopper
