@@ -124,3 +124,59 @@ def test_rotary_takes_an_offset_per_sequence():
     for b, offset in enumerate((0, 4)):
         expected = apply_rotary_emb(x[b:b + 1], angles.cos(), angles.sin(), seqlen_offsets=offset)
         torch.testing.assert_close(out[b:b + 1], expected)
+
+
+# FlashAttention-2 2.8's private functions, as ring attention calls them.
+FA2_PRIVATE_ARGUMENTS = {
+    "_flash_attn_forward": ["q", "k", "v", "dropout_p", "softmax_scale", "causal",
+                            "window_size_left", "window_size_right", "softcap", "alibi_slopes",
+                            "return_softmax"],
+    "_flash_attn_backward": ["dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv",
+                             "dropout_p", "softmax_scale", "causal", "window_size_left",
+                             "window_size_right", "softcap", "alibi_slopes", "deterministic",
+                             "rng_state"],
+}
+
+
+def ring_call(function, **given):
+    """A call as ring-flash-attn builds it (its get_default_args): every argument that
+    inspect.getfullargspec lists, None where it has no default and softcap 0, then its own."""
+    import inspect
+
+    spec = inspect.getfullargspec(function)
+    defaults = spec.defaults or ()
+    arguments = dict(zip(spec.args, (None,) * (len(spec.args) - len(defaults)) + defaults))
+    if "softcap" in arguments:
+        arguments["softcap"] = 0.0
+    return function(**{**arguments, **given})
+
+
+@pytest.mark.parametrize("name", FA2_PRIVATE_ARGUMENTS)
+def test_the_private_functions_show_fa2s_arguments_to_getfullargspec(name):
+    import inspect
+
+    assert inspect.getfullargspec(getattr(flash_attn_interface, name)).args == (
+        FA2_PRIVATE_ARGUMENTS[name])
+
+
+def test_ring_attentions_calls_of_the_private_functions_reach_the_kernels(monkeypatch):
+    """zigzag ring attention's per-block forward and backward (ring-flash-attn), on the CPU with
+    the kernels mocked: the arguments it passes are the ones flashgen takes, and the gradients
+    land in the views of its buffers it hands in."""
+    from tests import kernel_mock
+
+    record = kernel_mock.install(monkeypatch)
+    q, k, v = (torch.randn(1, 48, 2, 64, dtype=torch.bfloat16) for _ in range(3))
+    out, lse, _, _ = ring_call(flash_attn_interface._flash_attn_forward, q=q, k=k, v=v,
+                               dropout_p=0.0, softmax_scale=0.125, causal=True,
+                               alibi_slopes=None, return_softmax=False, window_size_left=-1,
+                               window_size_right=-1)
+    assert out.shape == q.shape and lse.shape == (1, 2, 48)
+    buffers = [torch.zeros(1, 96, 2, 64, dtype=torch.bfloat16) for _ in range(3)]
+    views = [b[:, :48] for b in buffers]
+    ring_call(flash_attn_interface._flash_attn_backward, dout=torch.randn_like(out), q=q, k=k,
+              v=v, out=out, softmax_lse=lse, dq=views[0], dk=views[1], dv=views[2],
+              dropout_p=0.0, softmax_scale=0.125, causal=True, alibi_slopes=None,
+              deterministic=False, window_size_left=-1, window_size_right=-1)
+    assert [entry for entry, _ in record.launches] == ["fwd", "bwd"]
+    assert all(not b[:, 48:].any() for b in buffers)  # past the views: untouched

@@ -15,6 +15,7 @@ int64 tensor (empty without dropout) that the backward takes back as FA2's does.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -47,6 +48,9 @@ def _fa2_errors(function):
             kind = FlashAttentionValueError if isinstance(error, ValueError) else \
                 FlashAttentionTypeError
             raise kind(str(error)) from error
+    # Ring attention (ring-flash-attn's get_default_args) builds its calls from
+    # inspect.getfullargspec, which ignores __wrapped__ but reads __signature__.
+    checked.__signature__ = inspect.signature(function)
     return checked
 
 

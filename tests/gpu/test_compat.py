@@ -94,3 +94,31 @@ def test_the_raw_entry_points_refuse_a_generator():
     dq, dk, dv, _ = fa2.flash_attn_gpu.bwd(q, q, k, v, out, lse, None, None, None, None, 0.0,
                                            0.125, True, -1, -1, 0.0, False, None, rng_state)
     assert dq.shape == q.shape and not dq.isnan().any()
+
+
+@pytest.mark.parametrize("variant", ["zigzag_ring_flash_attn_func", "ring_flash_attn_func"])
+def test_ring_flash_attn_at_world_size_1_is_flash_attn_func(variant):
+    """ring-flash-attn (PyPI ring-flash-attn, its functions unmodified) over flashgen.compat in one
+    process: its block loop and out/lse merge on flashgen's private functions give what
+    flash_attn_func gives, output and gradients."""
+    import torch.distributed as dist
+
+    from flashgen import compat
+
+    try:
+        compat.install()
+    except RuntimeError as error:  # another flash_attn is imported in this process
+        pytest.skip(str(error))
+    ring = pytest.importorskip("ring_flash_attn", reason="pip install ring-flash-attn")
+    q, k, v = tensors(*[(2, 512, 8, 128)] * 3)
+    dout = torch.randn_like(q)
+    out = flashgen.flash_attn_func(q, k, v, causal=True)
+    expected = (out, *torch.autograd.grad(out, (q, k, v), dout))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        out = getattr(ring, variant)(q, k, v, causal=True)
+        got = (out, *torch.autograd.grad(out, (q, k, v), dout))
+    finally:
+        dist.destroy_process_group()
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2, msg=name)
