@@ -100,8 +100,9 @@ def _parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="time candidate tiles on this GPU; --write puts the "
                           "winners into the config")
     add_selection(tune)
-    tune.add_argument("--direction", action="append", choices=("fwd", "bwd"),
-                      help="the pass to tune: the forward (fwd) or backward (bwd) kind, as --kind")
+    tune.add_argument("--direction", action="append", choices=("fwd", "bwd", "fwd_fp8"),
+                      help="the pass to tune: the forward (fwd), backward (bwd) or e4m3 forward "
+                           "(fwd_fp8) kind, as --kind")
     tune.add_argument("--seqlen", type=int, default=4096, help="timed seqlen (default 4096)")
     tune.add_argument("--write", action="store_true", help="write the winners into the config")
     tune.add_argument("--out", type=Path, help="write every candidate's row to this JSON file")

@@ -155,6 +155,15 @@ def _run(q, k, v, out, lse, scale: float, mask: str, band: Band, fields: dict, o
     arch = arch_for_capability(*torch.cuda.get_device_capability(q.get_device()))
     choice = registry.candidates(arch, KIND, out_name, head_dim, mask)[0]
     padded = choice.padded_head_dim
+    run(choice.spec, q, k, v, out, lse, scale, band, fields, packed, padded)
+
+
+def run(spec, q, k, v, out, lse, scale: float, band: Band, fields: dict | None = None,
+        packed: tuple | None = None, padded: int | None = None):
+    """Runs the fwd_fp8 kernel `spec` on checked (batch, seq, heads, dim) e4m3 views into out
+    and lse (`flashgen tune` times candidates through it); padded: the head dim spec's kernel
+    reads, the inputs' zero-padded to it."""
+    head_dim = q.shape[-1]
     if padded is not None:  # zeros add nothing to q.k, and V's columns past head_dim are cut
         q, k, v = (_zero_padded(t, padded) for t in (q, k, v))
         work = out.new_empty(*out.shape[:3], padded)
@@ -168,8 +177,8 @@ def _run(q, k, v, out, lse, scale: float, mask: str, band: Band, fields: dict, o
         vt = transposed_v_packed(v[0], cu_seqlens_k)
     # V^T as a (batch, head dim, heads, keys) view: the params' batch, row and head strides are
     # its batch's, head dim's and head's (params.h's q_descale).
-    forward.run(loader.launcher(choice.spec), q, k, vt.permute(0, 2, 1, 3), work, lse, scale,
-                band, fields, sequences)
+    forward.run(loader.launcher(spec), q, k, vt.permute(0, 2, 1, 3), work, lse, scale, band,
+                fields or {}, sequences)
     if work is not out:
         out.copy_(work[..., :head_dim])
 

@@ -10,7 +10,8 @@ import torch
 
 def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None, upcast=True,
                   window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                  score_bias=None, visible=None, dropout_p=0.0, dropout_keep=None, sinks=None):
+                  score_bias=None, visible=None, dropout_p=0.0, dropout_keep=None, sinks=None,
+                  p_dtype=None):
     """softmax(q k^T * scale, masked) v for q (batch, seqlen_q, heads, dim) and k, v
     (batch, seqlen_k, heads_kv, dim). Causal: query row i sees key j iff j <= i + causal_offset
     (default seqlen_k - seqlen_q: bottom-right). window_size=(left, right), -1 unbounded:
@@ -22,7 +23,9 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
     (batch, heads, seqlen_q, seqlen_k) boolean mask of kept probabilities (dropout_keep below),
     the kept ones scaled by 1 / (1 - dropout_p); lse is the undropped softmax's. sinks (heads,):
     a logit per head that joins each row's softmax (in lse too) and adds no value.
-    upcast=True computes in fp32 (the reference);
+    p_dtype (torch.float8_e4m3fn): an 8-bit PV's route, the unnormalised probabilities
+    exp(s - max) rounded to it before PV and the fp32 row sums divided out after (no sinks or
+    dropout). upcast=True computes in fp32 (the reference);
     upcast=False keeps the matmuls in the input dtype, as a half-precision implementation
     would (PyTorch's own error). Returns out (input dtype) and lse (fp32, natural log;
     -inf and output 0 for rows that see no key)."""
@@ -60,6 +63,10 @@ def attention_ref(q, k, v, causal=False, causal_offset=None, softmax_scale=None,
         scores = torch.cat([scores, sink_column], dim=-1)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.softmax(scores, dim=-1)
+    if p_dtype is not None:
+        unnormalised = torch.exp(scores - scores.amax(dim=-1, keepdim=True).clamp_min(-1e30))
+        sums = unnormalised.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+        probs = unnormalised.to(p_dtype).float() / sums
     sees_no_key = torch.isneginf(scores).all(dim=-1, keepdim=True)
     probs = probs.masked_fill(sees_no_key, 0.0)  # softmax gives NaN there; the output is 0
     if sinks is not None:

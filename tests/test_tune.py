@@ -296,3 +296,27 @@ def test_a_candidate_ptxas_serialised_is_not_eligible(monkeypatch):
     assert tune._unusable(None) is None
     resources["wgmma_serialised"] = True
     assert "(C7512)" in tune._unusable(None)
+
+
+def test_e4m3_forward_candidates_fit_step_32_keys_and_include_the_default():
+    from codegen.families import hopper
+
+    config = load_config(paths.DEFAULT_CONFIG)
+    head_dims = config.head_dims("hopper", "fwd_fp8", "sm_90")
+    assert head_dims == [64, 128, 256]
+    for head_dim in head_dims:
+        tiles = tune.candidate_tiles("hopper", "fwd_fp8", "sm_90", head_dim)
+        assert config.tiles_of("hopper", "fwd_fp8", "sm_90", head_dim)[0] in tiles
+        assert all(t.block_n % 32 == 0 and not hopper.resources.tile_problems(
+            head_dim, t.block_m, t.block_n, t.kv_stages, ARCHS["sm_90"].smem_limit, fp8=True)
+            for t in tiles)
+    text = tune.set_tile(paths.DEFAULT_CONFIG.read_text(), "hopper", "fwd_fp8", "sm_90", 128,
+                         hopper.FwdTile(128, 192, 3, True, True))
+    assert "[hopper.sm_90.head_dim.128.fp8]\nblock_m = 128\nblock_n = 192\nkv_stages = 3\n" in text
+
+
+def test_tune_direction_takes_the_e4m3_forward():
+    from flashgen import cli
+
+    args = cli._parser().parse_args(["tune", "--direction", "fwd_fp8"])
+    assert args.direction == ["fwd_fp8"]

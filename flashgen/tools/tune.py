@@ -44,6 +44,10 @@ GRIDS = {
         # left to choose.
         "bwd": {"block_m": (64, 80, 128), "block_n": (64, 128), "q_stages": (1, 2, 3),
                 "dq_before_dk": (False, True)},
+        # The e4m3 forward: block_n in the 8-bit wgmma's 32-key steps; one-byte K and V leave
+        # room for a third stage.
+        "fwd_fp8": {"block_m": (128, 192), "block_n": (64, 96, 128, 160, 192, 224, 256),
+                    "kv_stages": (2, 3), "pingpong": (True,), "overlap": (True,)},
     },
 }
 # The odd-sized problem each candidate must get right before it is timed.
@@ -72,10 +76,12 @@ def verify(spec: KernelSpec, torch_dtype) -> str | None:
     import torch
 
     batch, seqlen_q, seqlen_k, heads, heads_kv = _CHECK_SHAPE
-    q = torch.randn(batch, seqlen_q, heads, spec.head_dim, device="cuda", dtype=torch_dtype)
-    k = torch.randn(batch, seqlen_k, heads_kv, spec.head_dim, device="cuda", dtype=torch_dtype)
-    v = torch.randn_like(k)
-    check = _verify_forward if spec.kind == "fwd" else _verify_backward
+    inputs = _input_dtype(spec, torch_dtype)
+    q = torch.randn(batch, seqlen_q, heads, spec.head_dim, device="cuda").to(inputs)
+    k = torch.randn(batch, seqlen_k, heads_kv, spec.head_dim, device="cuda").to(inputs)
+    v = torch.randn(batch, seqlen_k, heads_kv, spec.head_dim, device="cuda").to(inputs)
+    check = {"fwd": _verify_forward, "fwd_fp8": _verify_fp8_forward}.get(spec.kind,
+                                                                          _verify_backward)
     try:
         check(spec, q, k, v)
     except AssertionError as e:
@@ -105,6 +111,30 @@ def _verify_forward(spec: KernelSpec, q, k, v) -> None:
     forward.run(loader.launcher(spec), q, k, v, out, lse, spec.head_dim ** -0.5, band, fields)
     assert_close_fa2(out, attention_ref(q, k, v, _causal(spec))[0],
                      attention_ref(q, k, v, _causal(spec), upcast=False)[0])
+
+
+def _input_dtype(spec: KernelSpec, torch_dtype):
+    """The candidate's inputs' dtype: e4m3 for the fp8 forward (spec.dtype is its output's)."""
+    import torch
+
+    return torch.float8_e4m3fn if spec.kind == "fwd_fp8" else torch_dtype
+
+
+def _verify_fp8_forward(spec: KernelSpec, q, k, v) -> None:
+    """Within the rule's budget of the same attention in fp32 with P rounded to e4m3."""
+    import torch
+
+    from flashgen import fp8
+    from flashgen.reference import assert_close_fa2, attention_ref
+
+    out_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec.dtype]
+    out = torch.full(q.shape, float("nan"), device="cuda", dtype=out_dtype)
+    lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], device="cuda")
+    fp8.run(spec, q, k, v, out, lse, spec.head_dim ** -0.5, Band(k.shape[1] - q.shape[1]))
+    qf, kf, vf = (t.float() for t in (q, k, v))
+    assert_close_fa2(out, attention_ref(qf, kf, vf, _causal(spec))[0],
+                     attention_ref(qf, kf, vf, _causal(spec), p_dtype=torch.float8_e4m3fn)[0],
+                     eps=1e-3)
 
 
 def _verify_backward(spec: KernelSpec, q, k, v) -> None:
@@ -187,7 +217,18 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
     launcher = loader.launcher(spec)
     scale = spec.head_dim ** -0.5
     causal = _causal(spec)
-    if spec.kind == "fwd":
+    if spec.kind == "fwd_fp8":  # the kernel alone: V^T is made before timing
+        from flashgen import fp8
+
+        out = torch.empty_like(inputs[0][0])
+        lse = torch.empty(batch, heads, seqlen, device="cuda")
+        sets = [[q.to(torch.float8_e4m3fn), k.to(torch.float8_e4m3fn),
+                 fp8.transposed_v(v.to(torch.float8_e4m3fn)).permute(0, 2, 1, 3)]
+                for q, k, v in inputs]
+
+        def candidate(q, k, vt):
+            forward.run(launcher, q, k, vt, out, lse, scale, Band(), {})
+    elif spec.kind == "fwd":
         out = torch.empty_like(inputs[0][0])
         lse = torch.empty(batch, heads, seqlen, device="cuda")
         sets = inputs
@@ -205,13 +246,14 @@ def _time(spec: KernelSpec, torch_dtype, seqlen: int) -> tuple[float, float]:
         def candidate(q, k, v, out, lse, dout):
             backward.run(launcher, q, k, v, out, dout, lse, *grads, scale, Band(), False)
 
-    flops = grid.mode_flops(spec.kind, batch, heads, seqlen, seqlen, spec.head_dim, causal)
+    mode = "fwd" if spec.kind == "fwd_fp8" else spec.kind  # FLASH_ATTENTION's bf16 forward
+    flops = grid.mode_flops(mode, batch, heads, seqlen, seqlen, spec.head_dim, causal)
     # Each from a rested clock, as the bench's rounds: a candidate timed right after a hotter
     # kernel would start at a clock the power cap had cut.
     timing.rest(timing.ROUND_REST)
     ours = flops / timing.time_ms(candidate, sets) / 1e9
     timing.rest(timing.ROUND_REST)
-    peer = timing.measure(grid.PEER, spec.kind, causal, inputs, flops)
+    peer = timing.measure(grid.PEER, mode, causal, inputs, flops)
     return ours, peer.get("tflops", float("nan"))
 
 
